@@ -1,0 +1,51 @@
+// AddressHandle: ibv_create_ah(3), ibv_create_ah_from_wc(3), for UD sends.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/completion_queue.hpp"
+#include "verbs/device.hpp"
+#include "verbs/protection_domain.hpp"
+
+namespace verbs {
+
+struct AhOptions {
+  Gid dgid;                      ///< destination GID (RoCE needs one: is_global is set when non-zero)
+  std::uint16_t dlid = 0;        ///< destination LID (InfiniBand)
+  std::uint8_t sgid_index = 0;   ///< local GID index (Device::choose_gid)
+  std::uint8_t port = 1;
+  std::uint8_t hop_limit = 64;
+  std::uint8_t traffic_class = 0;
+  std::uint8_t sl = 0;
+};
+
+/// An address handle for UD sends. Move-only; keeps its protection domain alive.
+class AddressHandle {
+ public:
+  /// ibv_create_ah(3). Throws Error (EINVAL, e.g. a RoCE AH without a GID).
+  AddressHandle(const ProtectionDomain& pd, const AhOptions& options);
+  /// ibv_create_ah_from_wc(3): an AH that answers the sender of a UD receive. `grh` is the first
+  /// 40 bytes of the receive buffer.
+  [[nodiscard]] static AddressHandle reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,
+                                              std::uint8_t port = 1);
+
+  AddressHandle(AddressHandle&&) noexcept = default;
+  AddressHandle& operator=(AddressHandle&&) noexcept = default;
+  AddressHandle(const AddressHandle&) = delete;
+  AddressHandle& operator=(const AddressHandle&) = delete;
+  ~AddressHandle() = default;
+  void swap(AddressHandle& o) noexcept { ah_.swap(o.ah_); }
+
+  [[nodiscard]] ibv_ah* native_handle() const noexcept { return ah_.get(); }
+
+ private:
+  explicit AddressHandle(std::shared_ptr<ibv_ah> ah) noexcept : ah_(std::move(ah)) {}
+  std::shared_ptr<ibv_ah> ah_;
+};
+
+inline void swap(AddressHandle& a, AddressHandle& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

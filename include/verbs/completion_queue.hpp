@@ -1,0 +1,147 @@
+// CompletionQueue: ibv_create_cq(3), ibv_poll_cq(3), completion channels (ibv_req_notify_cq(3)).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <system_error>
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include "verbs/device.hpp"
+#include "verbs/error.hpp"
+
+namespace verbs {
+
+/// Mirrors enum ibv_wc_opcode.
+enum class WcOpcode : int {
+  send = IBV_WC_SEND,
+  rdma_write = IBV_WC_RDMA_WRITE,
+  rdma_read = IBV_WC_RDMA_READ,
+  comp_swap = IBV_WC_COMP_SWAP,
+  fetch_add = IBV_WC_FETCH_ADD,
+  bind_mw = IBV_WC_BIND_MW,
+  local_inv = IBV_WC_LOCAL_INV,
+  recv = IBV_WC_RECV,
+  recv_rdma_with_imm = IBV_WC_RECV_RDMA_WITH_IMM,
+};
+std::string_view to_string(WcOpcode op) noexcept;
+
+/// One work completion. Layout-identical to ibv_wc, so polling writes straight into a span of
+/// these. Only status, wr_id, vendor_err and qp_num are meaningful on a failed completion.
+class Completion {
+ public:
+  Completion() noexcept = default;
+  explicit Completion(const ibv_wc& wc) noexcept : wc_(wc) {}
+
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return wc_.wr_id; }
+  [[nodiscard]] WcStatus status() const noexcept { return static_cast<WcStatus>(wc_.status); }
+  [[nodiscard]] bool ok() const noexcept { return wc_.status == IBV_WC_SUCCESS; }
+  [[nodiscard]] WcOpcode opcode() const noexcept { return static_cast<WcOpcode>(wc_.opcode); }
+  [[nodiscard]] std::uint32_t byte_len() const noexcept { return wc_.byte_len; }
+  /// Immediate data in host byte order, if the completion carries any.
+  [[nodiscard]] std::optional<std::uint32_t> imm_data() const noexcept {
+    if ((wc_.wc_flags & IBV_WC_WITH_IMM) == 0) return std::nullopt;
+    return ntohl(wc_.imm_data);
+  }
+  [[nodiscard]] std::uint32_t qp_num() const noexcept { return wc_.qp_num; }
+  [[nodiscard]] std::uint32_t src_qp() const noexcept { return wc_.src_qp; }
+  [[nodiscard]] std::uint32_t vendor_err() const noexcept { return wc_.vendor_err; }
+  [[nodiscard]] unsigned wc_flags() const noexcept { return wc_.wc_flags; }
+  /// True when a UD receive starts with the 40-byte GRH.
+  [[nodiscard]] bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
+  /// The completion's status as an error_code (category "ibv_wc_status"); empty on success.
+  [[nodiscard]] std::error_code error_code() const noexcept {
+    return ok() ? std::error_code{} : make_error_code(status());
+  }
+  /// Throws Error naming the status, wr_id, QP and vendor error if the completion failed.
+  void throw_if_failed(std::source_location where = std::source_location::current()) const {
+    if (!ok()) [[unlikely]] throw_failed(where);
+  }
+  [[nodiscard]] const ibv_wc& native() const noexcept { return wc_; }
+
+ private:
+  [[noreturn]] void throw_failed(std::source_location where) const;
+  ibv_wc wc_{};
+};
+static_assert(sizeof(Completion) == sizeof(ibv_wc) && std::is_standard_layout_v<Completion>);
+
+struct CqOptions {
+  int depth = 256;             ///< at least this many entries (devices round up)
+  bool with_channel = false;   ///< a completion channel, for wait() without busy polling and for fd()
+  int comp_vector = 0;
+};
+
+/// A completion queue. Move-only; kept alive by the queue pairs that use it.
+class CompletionQueue {
+ public:
+  /// ibv_create_cq(3) (and ibv_create_comp_channel(3) when asked). Throws Error (EINVAL for a
+  /// depth over max_cqe, ENOMEM).
+  explicit CompletionQueue(const Device& device, CqOptions options = {});
+
+  CompletionQueue(CompletionQueue&&) noexcept = default;
+  CompletionQueue& operator=(CompletionQueue&&) noexcept = default;
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+  ~CompletionQueue() = default;
+  void swap(CompletionQueue& o) noexcept { cq_.swap(o.cq_); }
+
+  /// Polls up to out.size() completions; returns the filled front of `out`, empty when none is
+  /// ready. Never allocates or blocks. On a device error (negative return) sets `ec`.
+  std::span<Completion> poll(std::span<Completion> out, std::error_code& ec) noexcept {
+    ec.clear();
+    const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
+    if (n < 0) [[unlikely]] {
+      ec.assign(detail::rc_to_errno(n), std::generic_category());
+      return {};
+    }
+    return out.first(static_cast<std::size_t>(n));
+  }
+  /// As above; throws Error only when the device reports a failure of the CQ itself.
+  std::span<Completion> poll(std::span<Completion> out) {
+    const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
+    if (n < 0) [[unlikely]] detail::throw_errno(detail::rc_to_errno(n), "ibv_poll_cq", std::source_location::current());
+    return out.first(static_cast<std::size_t>(n));
+  }
+  /// One completion if one is ready.
+  std::optional<Completion> poll_one() {
+    Completion c;
+    if (poll(std::span(&c, 1)).empty()) return std::nullopt;
+    return c;
+  }
+
+  /// Waits up to `timeout` for at least one completion and returns what was polled; empty on
+  /// timeout. With a channel it sleeps on the channel's fd; without one it busy-polls.
+  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
+  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout);
+  std::optional<Completion> wait_one(std::chrono::milliseconds timeout) {
+    Completion c;
+    if (wait(std::span(&c, 1), timeout).empty()) return std::nullopt;
+    return c;
+  }
+
+  /// Arms the channel for the next completion (ibv_req_notify_cq(3)). Requires a channel.
+  void req_notify(bool solicited_only = false);
+  /// Consumes and acknowledges pending channel events without blocking; returns how many. Call
+  /// when fd() is readable, then poll, then req_notify again.
+  int consume_events();
+  int consume_events(std::error_code& ec) noexcept;
+  /// The completion channel's fd (non-blocking), for an event loop; -1 without a channel.
+  [[nodiscard]] int fd() const noexcept;
+  [[nodiscard]] bool has_channel() const noexcept { return cq_->channel != nullptr; }
+  /// Entries the device actually gave the CQ (at least the depth asked for).
+  [[nodiscard]] int capacity() const noexcept { return cq_->cqe; }
+
+  [[nodiscard]] ibv_cq* native_handle() const noexcept { return cq_.get(); }
+  [[nodiscard]] const std::shared_ptr<ibv_cq>& shared_handle() const noexcept { return cq_; }
+
+ private:
+  std::shared_ptr<ibv_cq> cq_;  // deleter destroys the channel after the CQ and holds the device context
+};
+
+inline void swap(CompletionQueue& a, CompletionQueue& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

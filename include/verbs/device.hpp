@@ -1,0 +1,145 @@
+// Device: an opened RDMA device (ibv_open_device), its ports and GID table.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/error.hpp"
+
+namespace verbs {
+
+enum class GidType : std::uint8_t { ib = IBV_GID_TYPE_IB, roce_v1 = IBV_GID_TYPE_ROCE_V1, roce_v2 = IBV_GID_TYPE_ROCE_V2 };
+std::string_view to_string(GidType t) noexcept;
+
+/// A 128-bit GID (an IPv6 address on RoCE).
+struct Gid {
+  std::array<std::uint8_t, 16> raw{};
+
+  [[nodiscard]] static Gid from_native(const ibv_gid& g) noexcept;
+  [[nodiscard]] ibv_gid native() const noexcept;
+  [[nodiscard]] bool is_zero() const noexcept;
+  /// ::ffff:a.b.c.d, the GID RoCE v2 derives from an IPv4 address.
+  [[nodiscard]] bool is_ipv4_mapped() const noexcept;
+  /// Text form as IPv6 ("::ffff:192.0.2.1", "fe80::...").
+  [[nodiscard]] std::string to_string() const;
+  friend bool operator==(const Gid&, const Gid&) = default;
+};
+
+struct GidEntry {
+  Gid gid;
+  std::uint32_t index = 0;
+  GidType type = GidType::ib;
+  std::string netdev;  ///< network interface the entry belongs to (empty on IB)
+};
+
+/// Mirrors enum ibv_mtu.
+enum class Mtu : std::uint8_t {
+  mtu256 = IBV_MTU_256, mtu512 = IBV_MTU_512, mtu1024 = IBV_MTU_1024,
+  mtu2048 = IBV_MTU_2048, mtu4096 = IBV_MTU_4096,
+};
+/// Bytes of an Mtu (256..4096); 0 for a value outside the enum.
+[[nodiscard]] constexpr std::uint32_t mtu_bytes(Mtu m) noexcept {
+  const auto v = static_cast<unsigned>(m);
+  return v >= 1 && v <= 5 ? 128u << v : 0;
+}
+
+enum class LinkLayer : std::uint8_t {
+  unspecified = IBV_LINK_LAYER_UNSPECIFIED, infiniband = IBV_LINK_LAYER_INFINIBAND, ethernet = IBV_LINK_LAYER_ETHERNET,
+};
+
+/// Port attributes (ibv_query_port(3)).
+struct PortInfo {
+  std::uint8_t port_num = 1;
+  ibv_port_state state = IBV_PORT_NOP;
+  Mtu max_mtu = Mtu::mtu1024;
+  Mtu active_mtu = Mtu::mtu1024;
+  LinkLayer link_layer = LinkLayer::unspecified;
+  std::uint16_t lid = 0;
+  std::uint32_t gid_table_len = 0;
+  std::uint8_t active_width = 0;
+  std::uint32_t active_speed = 0;
+  ibv_port_attr raw{};
+
+  [[nodiscard]] bool active() const noexcept { return state == IBV_PORT_ACTIVE; }
+  [[nodiscard]] bool is_ethernet() const noexcept { return link_layer == LinkLayer::ethernet; }
+};
+
+/// The GID the library picks for a port, and why (for diagnostics).
+struct GidChoice {
+  GidEntry entry;
+  std::string reason;
+};
+
+/// One entry of ibv_get_device_list(3).
+struct DeviceInfo {
+  std::string name;
+  std::uint64_t node_guid = 0;  ///< host byte order
+  ibv_node_type node_type = IBV_NODE_UNKNOWN;
+};
+
+/// The RDMA devices present. Empty when there are none (not an error).
+/// Throws Error when the device list cannot be read (e.g. ENOSYS without kernel support).
+[[nodiscard]] std::vector<DeviceInfo> list_devices();
+
+/// An asynchronous event of a device (ibv_get_async_event(3)), already acknowledged.
+struct AsyncEvent {
+  ibv_event_type type{};
+  ibv_async_event raw{};  ///< element pointers stay meaningful while the objects live
+  [[nodiscard]] std::string_view name() const noexcept { return ibv_event_type_str(type); }
+};
+
+/// An opened device (ibv_open_device(3)). Move-only; every object made from it keeps the
+/// device context alive, so it may be destroyed before them.
+class Device {
+ public:
+  /// Opens the device with this name. Throws Error(Errc::no_device) naming the devices present.
+  [[nodiscard]] static Device open(std::string_view name);
+  /// Opens the first device. Throws Error(Errc::no_device) with how to create SoftRoCE if none.
+  [[nodiscard]] static Device open_first();
+
+  Device(Device&&) noexcept = default;
+  Device& operator=(Device&&) noexcept = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  ~Device() = default;
+  void swap(Device& o) noexcept;
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// Device attributes from ibv_query_device_ex(3), read at open.
+  [[nodiscard]] const ibv_device_attr_ex& attributes() const noexcept { return attr_; }
+  [[nodiscard]] std::uint8_t port_count() const noexcept { return attr_.orig_attr.phys_port_cnt; }
+  /// ibv_query_port(3). Throws Error (EINVAL for a port that does not exist).
+  [[nodiscard]] PortInfo port(std::uint8_t port_num = 1) const;
+  /// The valid entries of a port's GID table (ibv_query_gid_ex(3)), with type and netdev.
+  [[nodiscard]] std::vector<GidEntry> gid_table(std::uint8_t port_num = 1) const;
+  /// Picks a GID: RoCE v2 with an IPv4-mapped address, else any RoCE v2, else RoCE v1, else
+  /// index 0 (IB ports address by LID; the GID is then only used with a GRH).
+  /// Throws Error(Errc::no_device) when the port has no usable GID.
+  [[nodiscard]] GidChoice choose_gid(std::uint8_t port_num = 1) const;
+
+  /// Waits up to `timeout` for an async event; empty when none came.
+  [[nodiscard]] std::optional<AsyncEvent> wait_async_event(std::chrono::milliseconds timeout) const;
+
+  [[nodiscard]] ibv_context* native_handle() const noexcept { return ctx_.get(); }
+  /// Shared ownership of the context, for objects made from this device.
+  [[nodiscard]] const std::shared_ptr<ibv_context>& shared_handle() const noexcept { return ctx_; }
+
+ private:
+  Device(std::shared_ptr<ibv_context> ctx, std::string name);
+
+  std::shared_ptr<ibv_context> ctx_;
+  std::string name_;
+  ibv_device_attr_ex attr_{};
+};
+
+inline void swap(Device& a, Device& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

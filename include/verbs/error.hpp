@@ -1,0 +1,121 @@
+// Errors: verbs::Error, the "verbs" error category for checks made before a call reaches the
+// device, and the "ibv_wc_status" category for failed work completions.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <infiniband/verbs.h>
+
+namespace verbs {
+
+/// What the library itself rejects before anything reaches the device (category "verbs").
+enum class Errc : int {
+  local_out_of_bounds = 1,  ///< a local slice lies outside its memory region
+  remote_out_of_bounds,     ///< a remote slice lies outside the region the peer exposed
+  remote_too_small,         ///< the data does not fit into the remote slice
+  atomic_misaligned,        ///< an atomic target address is not 8-byte aligned
+  atomic_length,            ///< an atomic target or result slice is not 8 bytes long
+  inline_too_large,         ///< inline data exceeds the QP's inline size
+  too_many_sge,             ///< more scatter/gather entries than the QP or SRQ was created with
+  bad_qp_state,             ///< the QP's state does not allow this post
+  wrong_qp_type,            ///< the operation does not exist on this QP type
+  qp_has_srq,               ///< receives go to the QP's shared receive queue, not the QP
+  length_overflow,          ///< a length does not fit a work request (2^32 - 1 at most)
+  bad_encoding,             ///< a wire encoding is malformed
+  no_device,                ///< there is no RDMA device (or none by that name)
+  timed_out,                ///< a wait ran out of time
+  bad_argument,             ///< an option is out of range or inconsistent
+};
+
+/// Mirrors enum ibv_wc_status; 0 is success.
+enum class WcStatus : int {
+  success = IBV_WC_SUCCESS,
+  loc_len_err = IBV_WC_LOC_LEN_ERR,
+  loc_qp_op_err = IBV_WC_LOC_QP_OP_ERR,
+  loc_eec_op_err = IBV_WC_LOC_EEC_OP_ERR,
+  loc_prot_err = IBV_WC_LOC_PROT_ERR,
+  wr_flush_err = IBV_WC_WR_FLUSH_ERR,
+  mw_bind_err = IBV_WC_MW_BIND_ERR,
+  bad_resp_err = IBV_WC_BAD_RESP_ERR,
+  loc_access_err = IBV_WC_LOC_ACCESS_ERR,
+  rem_inv_req_err = IBV_WC_REM_INV_REQ_ERR,
+  rem_access_err = IBV_WC_REM_ACCESS_ERR,
+  rem_op_err = IBV_WC_REM_OP_ERR,
+  retry_exc_err = IBV_WC_RETRY_EXC_ERR,
+  rnr_retry_exc_err = IBV_WC_RNR_RETRY_EXC_ERR,
+  loc_rdd_viol_err = IBV_WC_LOC_RDD_VIOL_ERR,
+  rem_inv_rd_req_err = IBV_WC_REM_INV_RD_REQ_ERR,
+  rem_abort_err = IBV_WC_REM_ABORT_ERR,
+  inv_eecn_err = IBV_WC_INV_EECN_ERR,
+  inv_eec_state_err = IBV_WC_INV_EEC_STATE_ERR,
+  fatal_err = IBV_WC_FATAL_ERR,
+  resp_timeout_err = IBV_WC_RESP_TIMEOUT_ERR,
+  general_err = IBV_WC_GENERAL_ERR,
+  tm_err = IBV_WC_TM_ERR,
+  tm_rndv_incomplete = IBV_WC_TM_RNDV_INCOMPLETE,
+};
+
+const std::error_category& verbs_category() noexcept;
+const std::error_category& wc_category() noexcept;
+
+inline std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), verbs_category()}; }
+inline std::error_code make_error_code(WcStatus s) noexcept { return {static_cast<int>(s), wc_category()}; }
+
+/// The exception every throwing call of the library raises. what() names the failing verb or
+/// check, the reason, and the source location of the call that failed.
+class Error : public std::system_error {
+ public:
+  Error(std::error_code code, std::string_view context,
+        std::source_location where = std::source_location::current());
+
+  /// The verb or check that failed, e.g. "ibv_reg_mr".
+  [[nodiscard]] const std::string& context() const noexcept { return context_; }
+  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+
+ private:
+  std::string context_;
+  std::source_location where_;
+};
+
+namespace detail {
+
+[[noreturn]] void throw_error(std::error_code code, std::string_view context, std::source_location where);
+[[noreturn]] inline void throw_errno(int err, std::string_view verb, std::source_location where) {
+  throw_error(std::error_code(err, std::generic_category()), verb, where);
+}
+
+/// Throws Error(code) for a slice [offset, offset + len) that does not fit in `size` bytes.
+[[noreturn]] void throw_slice_error(Errc code, std::uint64_t offset, std::uint64_t len, std::uint64_t size,
+                                    std::source_location where);
+
+/// Verbs report failure three ways: NULL plus errno, a returned errno, or -1 plus errno.
+/// These two helpers cover all three.
+template <typename T>
+T* check_ptr(T* p, std::string_view verb, std::source_location where = std::source_location::current()) {
+  if (p == nullptr) [[unlikely]] throw_errno(errno != 0 ? errno : EIO, verb, where);
+  return p;
+}
+
+/// rc 0: success; rc > 0: the errno itself; rc < 0: errno (or -rc when errno is unset).
+inline int rc_to_errno(int rc) noexcept {
+  if (rc == 0) return 0;
+  if (rc > 0) return rc;
+  return errno != 0 ? errno : -rc;
+}
+
+inline void check_rc(int rc, std::string_view verb, std::source_location where = std::source_location::current()) {
+  if (rc != 0) [[unlikely]] throw_errno(rc_to_errno(rc), verb, where);
+}
+
+}  // namespace detail
+}  // namespace verbs
+
+template <>
+struct std::is_error_code_enum<verbs::Errc> : std::true_type {};
+template <>
+struct std::is_error_code_enum<verbs::WcStatus> : std::true_type {};

@@ -1,0 +1,207 @@
+// Memory registration (ibv_reg_mr(3)) and the slices that work requests are built from.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/error.hpp"
+#include "verbs/flags.hpp"
+#include "verbs/protection_domain.hpp"
+
+namespace verbs {
+
+/// Access rights of a memory region or queue pair (IBV_ACCESS_*). None is granted by default.
+enum class Access : unsigned {
+  local_write = IBV_ACCESS_LOCAL_WRITE,
+  remote_write = IBV_ACCESS_REMOTE_WRITE,
+  remote_read = IBV_ACCESS_REMOTE_READ,
+  remote_atomic = IBV_ACCESS_REMOTE_ATOMIC,
+  mw_bind = IBV_ACCESS_MW_BIND,
+  zero_based = IBV_ACCESS_ZERO_BASED,
+  on_demand = IBV_ACCESS_ON_DEMAND,
+  relaxed_ordering = IBV_ACCESS_RELAXED_ORDERING,
+};
+
+template <>
+struct FlagTraits<Access> {
+  static constexpr bool is_bitmask = true;
+  static constexpr unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_RELAXED_ORDERING;
+};
+using AccessFlags = Flags<Access>;
+
+/// A local scatter/gather entry {addr, length, lkey}: a view into registered memory, cheap to
+/// copy. Layout-identical to ibv_sge, so a span of slices is handed to the device as is.
+class LocalSlice {
+ public:
+  constexpr LocalSlice() noexcept = default;
+  constexpr LocalSlice(std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) noexcept
+      : sge_{addr, length, lkey} {}
+
+  [[nodiscard]] constexpr std::uint64_t addr() const noexcept { return sge_.addr; }
+  [[nodiscard]] constexpr std::uint32_t length() const noexcept { return sge_.length; }
+  [[nodiscard]] constexpr std::uint32_t lkey() const noexcept { return sge_.lkey; }
+  [[nodiscard]] std::byte* data() const noexcept { return reinterpret_cast<std::byte*>(sge_.addr); }  // NOLINT
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), sge_.length}; }
+  [[nodiscard]] const ibv_sge& native() const noexcept { return sge_; }
+
+ private:
+  ibv_sge sge_{};
+};
+static_assert(sizeof(LocalSlice) == sizeof(ibv_sge) && std::is_standard_layout_v<LocalSlice>);
+
+/// What a peer needs to address a region with RDMA: {addr, length, rkey}. A value type with a
+/// fixed little-endian wire encoding (encode()/decode()).
+struct RemoteSlice {
+  std::uint64_t addr = 0;
+  std::uint64_t length = 0;
+  std::uint32_t rkey = 0;
+
+  /// Bytes of the wire form: magic "VR", version 1, a zero byte, rkey u32, addr u64, length u64.
+  static constexpr std::size_t wire_size = 24;
+  using Wire = std::array<std::byte, wire_size>;
+
+  [[nodiscard]] Wire encode() const noexcept;
+  /// Parses encode()'s output. Throws Error(Errc::bad_encoding) saying what is wrong: a size
+  /// other than wire_size, wrong magic or version, a non-zero reserved byte, addr + length
+  /// wrapping around.
+  [[nodiscard]] static RemoteSlice decode(std::span<const std::byte> wire);
+  [[nodiscard]] static std::optional<RemoteSlice> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
+
+  /// The part [offset, offset + len). Throws Error(Errc::remote_out_of_bounds) if it does not fit.
+  [[nodiscard]] RemoteSlice slice(std::uint64_t offset, std::uint64_t len,
+                                  std::source_location where = std::source_location::current()) const;
+  /// The part from offset to the end.
+  [[nodiscard]] RemoteSlice slice(std::uint64_t offset,
+                                  std::source_location where = std::source_location::current()) const {
+    return slice(offset, offset <= length ? length - offset : std::numeric_limits<std::uint64_t>::max(), where);
+  }
+  /// As slice(), empty instead of throwing.
+  [[nodiscard]] constexpr std::optional<RemoteSlice> try_slice(std::uint64_t offset, std::uint64_t len) const noexcept {
+    if (offset > length || len > length - offset) return std::nullopt;
+    return RemoteSlice{addr + offset, len, rkey};
+  }
+  friend constexpr bool operator==(const RemoteSlice&, const RemoteSlice&) = default;
+};
+
+/// Page-aligned, zero-filled heap memory for registration; move-only.
+class Buffer {
+ public:
+  Buffer() noexcept = default;
+  /// Allocates `size` bytes (rounded up to whole pages). Throws std::bad_alloc.
+  explicit Buffer(std::size_t size);
+  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+  void swap(Buffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+  }
+
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// A registered memory region (ibv_reg_mr(3)). Move-only; keeps its protection domain alive.
+/// The memory must outlive the region, and every work request that uses it must have completed
+/// before the region is destroyed.
+class MemoryRegion {
+ public:
+  /// Registers `memory` with `access` (no right by default). Remote write or atomic access
+  /// requires local_write (checked here: Errc::bad_argument). Throws Error from ibv_reg_mr
+  /// (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).
+  MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {});
+
+  /// Registers any contiguous range of trivially copyable elements.
+  template <std::ranges::contiguous_range R>
+    requires(std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
+             !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>> &&
+             !std::is_same_v<std::remove_cvref_t<R>, std::span<std::byte>>)
+  MemoryRegion(const ProtectionDomain& pd, R&& range, AccessFlags access = {})
+      : MemoryRegion(pd, std::as_writable_bytes(std::span(std::ranges::data(range), std::ranges::size(range))),
+                     access) {}
+
+  /// Allocates a page-aligned zeroed buffer of `size` bytes owned by the region, and registers it.
+  [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {});
+
+  MemoryRegion(MemoryRegion&&) noexcept = default;
+  MemoryRegion& operator=(MemoryRegion&&) noexcept = default;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+  ~MemoryRegion() = default;
+  void swap(MemoryRegion& o) noexcept {
+    buffer_.swap(o.buffer_);
+    mr_.swap(o.mr_);
+    std::swap(access_, o.access_);
+  }
+
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept {
+    return {static_cast<std::byte*>(mr_->addr), mr_->length};
+  }
+  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
+  [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
+  [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
+  [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+  [[nodiscard]] AccessFlags access() const noexcept { return access_; }
+
+  /// A local slice [offset, offset + len). Throws Error(Errc::local_out_of_bounds) when it does
+  /// not fit in the region, Error(Errc::length_overflow) when len >= 2^32.
+  [[nodiscard]] LocalSlice slice(std::size_t offset, std::size_t len,
+                                 std::source_location where = std::source_location::current()) const {
+    if (offset > size() || len > size() - offset) [[unlikely]]
+      detail::throw_slice_error(Errc::local_out_of_bounds, offset, len, size(), where);
+    if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
+      detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
+    return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
+  }
+  /// The whole region as one local slice.
+  [[nodiscard]] LocalSlice slice(std::source_location where = std::source_location::current()) const {
+    return slice(0, size(), where);
+  }
+  /// As slice(), empty instead of throwing.
+  [[nodiscard]] std::optional<LocalSlice> try_slice(std::size_t offset, std::size_t len) const noexcept {
+    if (offset > size() || len > size() - offset || len > std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
+    return LocalSlice{reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
+  }
+  /// What the peer needs to read, write or use atomics on this region. The rkey only opens what
+  /// `access()` grants.
+  [[nodiscard]] RemoteSlice remote() const noexcept {
+    return {reinterpret_cast<std::uint64_t>(mr_->addr), mr_->length, mr_->rkey};  // NOLINT
+  }
+
+  [[nodiscard]] ibv_mr* native_handle() const noexcept { return mr_.get(); }
+
+ private:
+  MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access);
+
+  Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
+  std::shared_ptr<ibv_mr> mr_;   // deleter holds the protection domain
+  AccessFlags access_;
+};
+
+inline void swap(MemoryRegion& a, MemoryRegion& b) noexcept { a.swap(b); }
+inline void swap(Buffer& a, Buffer& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

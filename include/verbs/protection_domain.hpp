@@ -1,0 +1,35 @@
+// ProtectionDomain: ibv_alloc_pd(3).
+#pragma once
+
+#include <memory>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/device.hpp"
+
+namespace verbs {
+
+/// A protection domain. Move-only; keeps its device context alive, and is kept alive by every
+/// memory region, queue pair, SRQ and address handle made from it.
+class ProtectionDomain {
+ public:
+  /// ibv_alloc_pd(3). Throws Error (ENOMEM).
+  explicit ProtectionDomain(const Device& device);
+
+  ProtectionDomain(ProtectionDomain&&) noexcept = default;
+  ProtectionDomain& operator=(ProtectionDomain&&) noexcept = default;
+  ProtectionDomain(const ProtectionDomain&) = delete;
+  ProtectionDomain& operator=(const ProtectionDomain&) = delete;
+  ~ProtectionDomain() = default;
+  void swap(ProtectionDomain& o) noexcept { pd_.swap(o.pd_); }
+
+  [[nodiscard]] ibv_pd* native_handle() const noexcept { return pd_.get(); }
+  [[nodiscard]] const std::shared_ptr<ibv_pd>& shared_handle() const noexcept { return pd_; }
+
+ private:
+  std::shared_ptr<ibv_pd> pd_;
+};
+
+inline void swap(ProtectionDomain& a, ProtectionDomain& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

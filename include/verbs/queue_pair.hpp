@@ -1,0 +1,256 @@
+// QueuePair: ibv_create_qp(3), ibv_modify_qp(3), ibv_post_send(3), ibv_post_recv(3).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/completion_queue.hpp"
+#include "verbs/device.hpp"
+#include "verbs/error.hpp"
+#include "verbs/memory_region.hpp"
+#include "verbs/protection_domain.hpp"
+#include "verbs/shared_receive_queue.hpp"
+#include "verbs/work_request.hpp"
+
+namespace verbs {
+
+enum class QpType : std::uint8_t { rc = IBV_QPT_RC, uc = IBV_QPT_UC, ud = IBV_QPT_UD };
+std::string_view to_string(QpType t) noexcept;
+
+/// Mirrors enum ibv_qp_state.
+enum class QpState : std::uint8_t {
+  reset = IBV_QPS_RESET, init = IBV_QPS_INIT, rtr = IBV_QPS_RTR, rts = IBV_QPS_RTS,
+  sqd = IBV_QPS_SQD, sqe = IBV_QPS_SQE, err = IBV_QPS_ERR, unknown = IBV_QPS_UNKNOWN,
+};
+std::string_view to_string(QpState s) noexcept;
+
+struct QpOptions {
+  QpType type = QpType::rc;
+  std::uint32_t max_send_wr = 128;
+  std::uint32_t max_recv_wr = 128;
+  std::uint32_t max_send_sge = 1;
+  std::uint32_t max_recv_sge = 1;
+  std::uint32_t max_inline_data = 0;
+  bool signal_all = false;                    ///< every send completes, whatever PostOptions::signaled says
+  const SharedReceiveQueue* srq = nullptr;    ///< receives come from this SRQ (kept alive by the QP)
+  AccessFlags access = {};                    ///< remote operations the peer may perform (RC/UC); none by default
+  std::uint8_t port = 1;
+  std::uint16_t pkey_index = 0;
+  std::uint32_t qkey = 0x11111111;            ///< UD only
+  std::optional<std::uint32_t> gid_index;     ///< default: Device::choose_gid's pick
+};
+
+/// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
+/// little-endian wire encoding for exchanging it out of band.
+struct Endpoint {
+  std::uint32_t qp_num = 0;
+  std::uint32_t psn = 0;     ///< 24 bits
+  std::uint32_t qkey = 0;    ///< UD
+  Gid gid;                   ///< zero on InfiniBand without a GRH
+  std::uint16_t lid = 0;     ///< InfiniBand; 0 on RoCE
+  Mtu mtu = Mtu::mtu1024;    ///< the port's active MTU
+
+  /// Magic "VE", version 1, a zero byte, qp_num, psn, qkey (u32 each), lid u16, mtu u8, a zero
+  /// byte, gid (16 bytes).
+  static constexpr std::size_t wire_size = 36;
+  using Wire = std::array<std::byte, wire_size>;
+  [[nodiscard]] Wire encode() const noexcept;
+  /// Throws Error(Errc::bad_encoding) saying what is wrong.
+  [[nodiscard]] static Endpoint decode(std::span<const std::byte> wire);
+  [[nodiscard]] static std::optional<Endpoint> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
+  friend bool operator==(const Endpoint&, const Endpoint&) = default;
+};
+
+/// Attributes for RTR and RTS. The defaults never wait forever: on rxe a retry count of 7
+/// retries without end, and an rnr_retry of 7 is infinite by the specification.
+struct ConnectOptions {
+  std::optional<Mtu> path_mtu;               ///< default: the smaller of both ports' active MTU
+  std::optional<std::uint8_t> max_rd_atomic; ///< outstanding reads/atomics as initiator; default min(16, device)
+  std::optional<std::uint8_t> max_dest_rd_atomic; ///< as responder; default min(16, device)
+  std::uint8_t min_rnr_timer = 12;           ///< 0.64 ms
+  std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
+  std::uint8_t retry_cnt = 6;
+  std::uint8_t rnr_retry = 6;
+  std::uint8_t sl = 0;
+  std::uint8_t traffic_class = 0;
+  std::uint8_t hop_limit = 64;
+};
+
+/// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
+///
+/// Posting never allocates, locks or throws: a post returns a PostResult, and a request that
+/// fails a check (slice bounds, atomic alignment and length, inline size, SGE count, QP type,
+/// QP state) is rejected with nothing posted. Buffers must stay valid, and regions registered,
+/// until the request's completion is polled (or, unsignaled, a later signaled one).
+class QueuePair {
+ public:
+  /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an
+  /// inline size over max_inline_data; ENOMEM).
+  QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+            const QpOptions& options = {});
+  QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {})
+      : QueuePair(pd, cq, cq, options) {}
+
+  QueuePair(QueuePair&&) noexcept = default;
+  QueuePair& operator=(QueuePair&&) noexcept = default;
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+  ~QueuePair() = default;
+  void swap(QueuePair& o) noexcept { std::swap(*this, o); }
+
+  // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
+  /// RESET -> INIT, with the access rights and port of the options.
+  void to_init();
+  /// INIT -> RTR towards `remote` (RC/UC); UD needs no remote.
+  void to_rtr(const Endpoint& remote, const ConnectOptions& options = {});
+  /// RTR -> RTS.
+  void to_rts(const ConnectOptions& options = {});
+  /// (RESET ->) INIT -> RTR -> RTS towards `remote`.
+  void connect(const Endpoint& remote, const ConnectOptions& options = {});
+  /// UD: (RESET ->) INIT -> RTR -> RTS.
+  void activate();
+  /// Any state -> RESET; outstanding requests are discarded. The QP can then connect again.
+  void reset();
+  /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
+  void to_error();
+  /// ibv_query_qp(3): the device's view, which can differ from state() after an error.
+  [[nodiscard]] QpState query_state();
+  /// The state of the last transition this object made (no system call).
+  [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_); }
+
+  /// What the peer needs to connect to this QP.
+  [[nodiscard]] Endpoint endpoint() const noexcept { return local_; }
+  [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
+  [[nodiscard]] QpType type() const noexcept { return type_; }
+  /// Capacities the device granted (at least what was asked).
+  [[nodiscard]] std::uint32_t max_send_sge() const noexcept { return max_send_sge_; }
+  [[nodiscard]] std::uint32_t max_recv_sge() const noexcept { return max_recv_sge_; }
+  [[nodiscard]] std::uint32_t max_inline_data() const noexcept { return max_inline_; }
+  [[nodiscard]] std::uint32_t max_send_wr() const noexcept { return max_send_wr_; }
+  [[nodiscard]] std::uint32_t max_recv_wr() const noexcept { return max_recv_wr_; }
+  [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
+
+  // ---- posting ----
+  /// Posts one send-queue request.
+  PostResult post(SendWr wr) noexcept {
+    if (state_ < IBV_QPS_RTS) [[unlikely]] return PostResult::rejected(Errc::bad_qp_state, 0);
+    if (const Errc e = check_(wr); e != Errc{}) [[unlikely]] return PostResult::rejected(e, 0);
+    if (wr.own_sge_) wr.wr_.sg_list = &wr.sge_;
+    wr.wr_.next = nullptr;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_.get(), &wr.wr_, &bad);
+    if (rc != 0) [[unlikely]] return PostResult::device_error(detail::rc_to_errno(rc), 0);
+    return {};
+  }
+  /// Posts a chain in one ibv_post_send call (one doorbell). Every request is checked first,
+  /// and none is posted if one fails a check. The span is relinked in place.
+  PostResult post(std::span<SendWr> wrs) noexcept {
+    if (wrs.empty()) return {};
+    if (state_ < IBV_QPS_RTS) [[unlikely]] return PostResult::rejected(Errc::bad_qp_state, 0);
+    for (std::size_t i = 0; i < wrs.size(); ++i) {
+      SendWr& w = wrs[i];
+      if (const Errc e = check_(w); e != Errc{}) [[unlikely]]
+        return PostResult::rejected(e, static_cast<std::uint32_t>(i));
+      if (w.own_sge_) w.wr_.sg_list = &w.sge_;
+      w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_.get(), &wrs[0].wr_, &bad);
+    if (rc != 0) [[unlikely]] {
+      std::uint32_t at = 0;
+      while (at < wrs.size() && &wrs[at].wr_ != bad) ++at;
+      return PostResult::device_error(detail::rc_to_errno(rc), at);
+    }
+    return {};
+  }
+
+  /// RDMA write (SendWr::write).
+  PostResult post_write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    return post(SendWr::write(src, dst, o));
+  }
+  PostResult post_write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    return post(SendWr::write(src, dst, o));
+  }
+  /// RDMA write with immediate (host byte order).
+  PostResult post_write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    return post(SendWr::write_imm(src, dst, imm, o));
+  }
+  /// RDMA read of the front of `src` into `dst`.
+  PostResult post_read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    return post(SendWr::read(dst, src, o));
+  }
+  PostResult post_read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    return post(SendWr::read(dst, src, o));
+  }
+  /// Send (RC/UC; UD needs SendWr::send(...).to(ah, qpn, qkey)).
+  PostResult post_send(LocalSlice src, const PostOptions& o = {}) noexcept { return post(SendWr::send(src, o)); }
+  PostResult post_send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
+    return post(SendWr::send(src, o));
+  }
+  PostResult post_send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    return post(SendWr::send_imm(src, imm, o));
+  }
+  /// Atomic fetch-and-add on an 8-byte, 8-aligned remote target; the old value lands in `result`.
+  PostResult post_fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add,
+                            const PostOptions& o = {}) noexcept {
+    return post(SendWr::fetch_add(result, target, add, o));
+  }
+  /// Atomic compare-and-swap on an 8-byte, 8-aligned remote target.
+  PostResult post_compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
+                               const PostOptions& o = {}) noexcept {
+    return post(SendWr::compare_swap(result, target, compare, swap, o));
+  }
+
+  /// Posts receives (ibv_post_recv(3)). Rejected with Errc::qp_has_srq on a QP that uses an
+  /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
+  PostResult post_recv(std::span<RecvWr> wrs) noexcept {
+    if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
+    if (state_ == IBV_QPS_RESET) [[unlikely]] return PostResult::rejected(Errc::bad_qp_state, 0);
+    return RecvWr::post_chain(wrs, max_recv_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+      return ibv_post_recv(qp_.get(), wr, bad);
+    });
+  }
+  PostResult post_recv(LocalSlice dst, std::uint64_t wr_id = 0) noexcept {
+    RecvWr wr(dst, wr_id);
+    return post_recv(std::span(&wr, 1));
+  }
+  PostResult post_recv(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) noexcept {
+    RecvWr wr(dst, wr_id);
+    return post_recv(std::span(&wr, 1));
+  }
+
+  [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
+
+ private:
+  [[nodiscard]] Errc check_(const SendWr& w) const noexcept {
+    if (w.err_ != Errc{}) return w.err_;
+    if (((allowed_ >> w.key_) & 1u) == 0) return Errc::wrong_qp_type;
+    if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_send_sge_) return Errc::too_many_sge;
+    if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) return Errc::inline_too_large;
+    return Errc{};
+  }
+  void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb);
+
+  std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
+  Endpoint local_;
+  std::uint32_t allowed_ = 0;    // bit (opcode [+16 for UD-addressed]) set when the QP type allows it
+  std::uint32_t max_send_sge_ = 0, max_recv_sge_ = 0, max_inline_ = 0, max_send_wr_ = 0, max_recv_wr_ = 0;
+  std::uint32_t gid_index_ = 0;
+  AccessFlags access_;
+  std::uint16_t pkey_index_ = 0;
+  std::uint8_t port_ = 1;
+  std::uint8_t state_ = IBV_QPS_RESET;
+  std::uint8_t dev_rd_atom_ = 1, dev_init_rd_atom_ = 1;
+  QpType type_ = QpType::rc;
+  bool has_srq_ = false;
+  bool ethernet_ = false;
+};
+
+inline void swap(QueuePair& a, QueuePair& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

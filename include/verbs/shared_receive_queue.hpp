@@ -1,0 +1,70 @@
+// SharedReceiveQueue: ibv_create_srq(3), ibv_post_srq_recv(3), ibv_modify_srq(3).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <infiniband/verbs.h>
+
+#include "verbs/protection_domain.hpp"
+#include "verbs/work_request.hpp"
+
+namespace verbs {
+
+struct SrqOptions {
+  std::uint32_t max_wr = 256;
+  std::uint32_t max_sge = 1;
+  std::uint32_t limit = 0;  ///< 0: not armed; see arm()
+};
+
+/// A receive queue shared by several QPs (wc.qp_num tells them apart). Move-only; keeps its
+/// protection domain alive and is kept alive by the QPs that use it.
+class SharedReceiveQueue {
+ public:
+  /// ibv_create_srq(3). Throws Error (EINVAL for sizes over the device's max_srq_wr/max_srq_sge).
+  explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {});
+
+  SharedReceiveQueue(SharedReceiveQueue&&) noexcept = default;
+  SharedReceiveQueue& operator=(SharedReceiveQueue&&) noexcept = default;
+  SharedReceiveQueue(const SharedReceiveQueue&) = delete;
+  SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
+  ~SharedReceiveQueue() = default;
+  void swap(SharedReceiveQueue& o) noexcept {
+    srq_.swap(o.srq_);
+    std::swap(max_wr_, o.max_wr_);
+    std::swap(max_sge_, o.max_sge_);
+  }
+
+  /// Posts receives (ibv_post_srq_recv(3)). The buffers must stay valid until completed.
+  /// Fails with Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
+  PostResult post_recv(std::span<RecvWr> wrs) noexcept {
+    return RecvWr::post_chain(wrs, max_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+      return ibv_post_srq_recv(srq_.get(), wr, bad);
+    });
+  }
+  PostResult post_recv(LocalSlice dst, std::uint64_t wr_id = 0) noexcept {
+    RecvWr wr(dst, wr_id);
+    return post_recv(std::span(&wr, 1));
+  }
+
+  /// Arms the limit event: IBV_EVENT_SRQ_LIMIT_REACHED (Device::wait_async_event) fires once
+  /// fewer than `limit` receives remain, and the limit resets to 0.
+  void arm(std::uint32_t limit);
+  /// The current limit (ibv_query_srq(3)); 0 once the event has fired.
+  [[nodiscard]] std::uint32_t limit() const;
+  [[nodiscard]] std::uint32_t max_wr() const noexcept { return max_wr_; }
+  [[nodiscard]] std::uint32_t max_sge() const noexcept { return max_sge_; }
+
+  [[nodiscard]] ibv_srq* native_handle() const noexcept { return srq_.get(); }
+  [[nodiscard]] const std::shared_ptr<ibv_srq>& shared_handle() const noexcept { return srq_; }
+
+ private:
+  std::shared_ptr<ibv_srq> srq_;
+  std::uint32_t max_wr_ = 0;
+  std::uint32_t max_sge_ = 0;
+};
+
+inline void swap(SharedReceiveQueue& a, SharedReceiveQueue& b) noexcept { a.swap(b); }
+
+}  // namespace verbs

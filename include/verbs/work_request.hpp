@@ -1,0 +1,236 @@
+// Work requests: typed builders over ibv_send_wr / ibv_recv_wr, and the result of a post.
+// Building never allocates or throws; a request that fails a check carries the reason and is
+// rejected, with nothing posted, by the QueuePair or SharedReceiveQueue it is posted on.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <system_error>
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include "verbs/address_handle.hpp"
+#include "verbs/error.hpp"
+#include "verbs/memory_region.hpp"
+
+namespace verbs {
+
+/// Per-request flags. `signaled` asks for a completion (ignored when the QP signals all).
+struct PostOptions {
+  std::uint64_t wr_id = 0;
+  bool signaled = true;
+  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE); lkey unused
+  bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
+  bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)
+};
+
+/// The outcome of a post. Failure says why (std::error_code: category "verbs" for a check the
+/// library made, generic errno from ibv_post_send/ibv_post_recv), and at which request of a chain.
+class [[nodiscard]] PostResult {
+ public:
+  constexpr PostResult() noexcept = default;
+  static constexpr PostResult rejected(Errc e, std::uint32_t index) noexcept {
+    return PostResult(-static_cast<int>(e), index);
+  }
+  static constexpr PostResult device_error(int err, std::uint32_t index) noexcept { return PostResult(err, index); }
+
+  [[nodiscard]] constexpr bool ok() const noexcept { return value_ == 0; }
+  constexpr explicit operator bool() const noexcept { return ok(); }
+  [[nodiscard]] std::error_code error() const noexcept {
+    if (value_ == 0) return {};
+    if (value_ < 0) return make_error_code(static_cast<Errc>(-value_));
+    return {value_, std::generic_category()};
+  }
+  /// Index in the chain of the request that failed. Requests before it were posted when the
+  /// device refused it (ibv_post_send's bad_wr); none was posted when a check failed.
+  [[nodiscard]] constexpr std::uint32_t failed_index() const noexcept { return index_; }
+  /// How many requests of the chain went to the device.
+  [[nodiscard]] constexpr std::uint32_t posted() const noexcept { return value_ > 0 ? index_ : 0; }
+  /// Throws Error if the post failed.
+  void check(std::source_location where = std::source_location::current()) const {
+    if (!ok()) [[unlikely]] throw_error(where);
+  }
+
+ private:
+  constexpr PostResult(int value, std::uint32_t index) noexcept : value_(value), index_(index) {}
+  [[noreturn]] void throw_error(std::source_location where) const;
+  int value_ = 0;  // 0 ok, > 0 errno, < 0 -Errc
+  std::uint32_t index_ = 0;
+};
+static_assert(sizeof(PostResult) == 8);
+
+class QueuePair;
+
+/// One send-queue work request. Single-SGE requests carry their SGE inside; multi-SGE ones
+/// point at the caller's span of slices, which must stay valid until the post call returns.
+/// The memory the slices name must stay valid until the request's completion is polled.
+class SendWr {
+ public:
+  /// RDMA write of `src` to the front of `dst` (which must be large enough).
+  static SendWr write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
+  }
+  static SendWr write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
+  }
+  /// RDMA write with immediate (`imm` in host byte order). An empty span writes nothing and
+  /// only delivers the immediate.
+  static SendWr write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, src, o).remote_(dst, true).imm_(imm);
+  }
+  static SendWr write_imm(std::span<const LocalSlice> src, RemoteSlice dst, std::uint32_t imm,
+                          const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, src, o).remote_(dst, true).imm_(imm);
+  }
+  /// RDMA read of the front of `src` into `dst` (scattered across the slices).
+  static SendWr read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
+  }
+  static SendWr read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
+  }
+  static SendWr send(LocalSlice src, const PostOptions& o = {}) noexcept { return SendWr(IBV_WR_SEND, src, o); }
+  static SendWr send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_SEND, src, o);
+  }
+  static SendWr send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
+  }
+  static SendWr send_imm(std::span<const LocalSlice> src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
+  }
+  /// Atomic fetch-and-add on the 8-byte, 8-aligned `target`; the old value lands in `result`
+  /// (8 bytes, in the target's byte order, i.e. host order between like hosts).
+  static SendWr fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
+    SendWr w = SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, result, o).atomic_(result, target);
+    w.wr_.wr.atomic.compare_add = add;
+    return w;
+  }
+  /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in result.
+  static SendWr compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
+                             const PostOptions& o = {}) noexcept {
+    SendWr w = SendWr(IBV_WR_ATOMIC_CMP_AND_SWP, result, o).atomic_(result, target);
+    w.wr_.wr.atomic.compare_add = compare;
+    w.wr_.wr.atomic.swap = swap;
+    return w;
+  }
+
+  /// Addresses a send on a UD QP: the peer's address handle, QP number and Q_Key. The handle
+  /// must outlive the request's completion.
+  SendWr& to(const AddressHandle& ah, std::uint32_t remote_qpn, std::uint32_t remote_qkey) noexcept {
+    wr_.wr.ud.ah = ah.native_handle();
+    wr_.wr.ud.remote_qpn = remote_qpn;
+    wr_.wr.ud.remote_qkey = remote_qkey;
+    key_ |= ud_bit;
+    return *this;
+  }
+
+  /// The check this request failed at build time, if any (Errc{} when none).
+  [[nodiscard]] Errc error() const noexcept { return err_; }
+  /// Bytes the request carries (sum of its slices).
+  [[nodiscard]] std::uint64_t total_length() const noexcept { return total_; }
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
+  [[nodiscard]] const ibv_send_wr& native() const noexcept { return wr_; }
+
+ private:
+  friend class QueuePair;
+  static constexpr std::uint8_t ud_bit = 16;  // added to the opcode in key_ for UD-addressed sends
+
+  SendWr(ibv_wr_opcode op, LocalSlice s, const PostOptions& o) noexcept
+      : sge_(s.native()), total_(s.length()), own_sge_(true) {
+    init_(op, o);
+    wr_.num_sge = 1;
+  }
+  SendWr(ibv_wr_opcode op, std::span<const LocalSlice> s, const PostOptions& o) noexcept {
+    init_(op, o);
+    wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.data()));  // NOLINT
+    wr_.num_sge = static_cast<int>(s.size());
+    for (const LocalSlice& x : s) total_ += x.length();
+  }
+  void init_(ibv_wr_opcode op, const PostOptions& o) noexcept {
+    wr_.wr_id = o.wr_id;
+    wr_.opcode = op;
+    wr_.send_flags = (o.signaled ? unsigned{IBV_SEND_SIGNALED} : 0u) | (o.inline_data ? unsigned{IBV_SEND_INLINE} : 0u) |
+                     (o.fence ? unsigned{IBV_SEND_FENCE} : 0u) | (o.solicited ? unsigned{IBV_SEND_SOLICITED} : 0u);
+    key_ = static_cast<std::uint8_t>(op);
+  }
+  SendWr&& remote_(const RemoteSlice& r, bool must_fit) && noexcept {
+    wr_.wr.rdma.remote_addr = r.addr;
+    wr_.wr.rdma.rkey = r.rkey;
+    if (must_fit && total_ > r.length) fail_(Errc::remote_too_small);
+    return std::move(*this);
+  }
+  SendWr&& imm_(std::uint32_t imm) && noexcept {
+    wr_.imm_data = htonl(imm);
+    return std::move(*this);
+  }
+  SendWr&& atomic_(const LocalSlice& result, const RemoteSlice& target) && noexcept {
+    wr_.wr.atomic.remote_addr = target.addr;
+    wr_.wr.atomic.rkey = target.rkey;
+    if (result.length() != 8 || target.length != 8) fail_(Errc::atomic_length);
+    if (target.addr % 8 != 0) fail_(Errc::atomic_misaligned);
+    return std::move(*this);
+  }
+  void fail_(Errc e) noexcept {
+    if (err_ == Errc{}) err_ = e;
+  }
+
+  ibv_send_wr wr_{};
+  ibv_sge sge_{};
+  std::uint64_t total_ = 0;
+  Errc err_{};
+  std::uint8_t key_ = 0;   // opcode, plus ud_bit when addressed for UD: what the QP type must allow
+  bool own_sge_ = false;   // sg_list must point at sge_ (set when posting, since this object may move)
+};
+
+/// One receive work request; slices as for SendWr.
+class RecvWr {
+ public:
+  RecvWr() noexcept = default;
+  explicit RecvWr(LocalSlice dst, std::uint64_t wr_id = 0) noexcept : sge_(dst.native()), own_sge_(true) {
+    wr_.wr_id = wr_id;
+    wr_.num_sge = 1;
+  }
+  /// Scatters into several slices; an empty span receives no payload (enough for a write
+  /// with immediate, whose data lands by RDMA).
+  explicit RecvWr(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) noexcept {
+    wr_.wr_id = wr_id;
+    wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(dst.data()));  // NOLINT
+    wr_.num_sge = static_cast<int>(dst.size());
+  }
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
+  [[nodiscard]] const ibv_recv_wr& native() const noexcept { return wr_; }
+
+ private:
+  friend class QueuePair;
+  friend class SharedReceiveQueue;
+
+  /// Checks and links a chain, then hands it to `post` (ibv_post_recv or ibv_post_srq_recv).
+  template <typename PostFn>
+  static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, PostFn&& post) noexcept {
+    if (wrs.empty()) return {};
+    for (std::size_t i = 0; i < wrs.size(); ++i) {
+      RecvWr& w = wrs[i];
+      if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_sge) [[unlikely]]
+        return PostResult::rejected(Errc::too_many_sge, static_cast<std::uint32_t>(i));
+      if (w.own_sge_) w.wr_.sg_list = &w.sge_;
+      w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    const int rc = post(&wrs[0].wr_, &bad);
+    if (rc != 0) [[unlikely]] {
+      std::uint32_t at = 0;
+      while (at < wrs.size() && &wrs[at].wr_ != bad) ++at;
+      return PostResult::device_error(detail::rc_to_errno(rc), at);
+    }
+    return {};
+  }
+
+  ibv_recv_wr wr_{};
+  ibv_sge sge_{};
+  bool own_sge_ = false;  // sg_list must point at sge_ (set when posting, since this object may move)
+};
+
+}  // namespace verbs

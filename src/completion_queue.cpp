@@ -1,0 +1,95 @@
+#include "verbs/completion_queue.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <algorithm>
+
+namespace verbs {
+
+CompletionQueue::CompletionQueue(const Device& device, CqOptions options) {
+  ibv_context* ctx = device.native_handle();
+  std::shared_ptr<ibv_comp_channel> channel;
+  if (options.with_channel) {
+    ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel");
+    channel.reset(ch, [](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
+    // Non-blocking, so consume_events() and wait() never sleep inside ibv_get_cq_event.
+    const int fl = ::fcntl(ch->fd, F_GETFL);
+    if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
+      detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", std::source_location::current());
+  }
+  ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
+                                 "ibv_create_cq");
+  // The channel must outlive the CQ, the context both.
+  cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
+}
+
+void CompletionQueue::req_notify(bool solicited_only) {
+  if (!has_channel())
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "CompletionQueue::req_notify: the CQ has no completion channel (CqOptions::with_channel)",
+                        std::source_location::current());
+  detail::check_rc(ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0), "ibv_req_notify_cq");
+}
+
+int CompletionQueue::fd() const noexcept { return has_channel() ? cq_->channel->fd : -1; }
+
+int CompletionQueue::consume_events(std::error_code& ec) noexcept {
+  ec.clear();
+  if (!has_channel()) return 0;
+  int n = 0;
+  for (;;) {
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    if (ibv_get_cq_event(cq_->channel, &ev_cq, &ev_ctx) != 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) ec.assign(errno, std::generic_category());
+      break;
+    }
+    ibv_ack_cq_events(ev_cq, 1);
+    ++n;
+  }
+  return n;
+}
+
+int CompletionQueue::consume_events() {
+  std::error_code ec;
+  const int n = consume_events(ec);
+  if (ec) detail::throw_error(ec, "ibv_get_cq_event", std::source_location::current());
+  return n;
+}
+
+std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout,
+                                            std::error_code& ec) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + timeout;
+  ec.clear();
+  for (;;) {
+    if (auto got = poll(out, ec); !got.empty() || ec) return got;
+    const auto now = clock::now();
+    if (now >= deadline) return {};
+    if (!has_channel()) continue;  // busy-poll until the deadline
+    if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
+      ec.assign(detail::rc_to_errno(rc), std::generic_category());
+      return {};
+    }
+    // A completion may have landed between the poll and the arming: poll once more.
+    if (auto got = poll(out, ec); !got.empty() || ec) return got;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+    pollfd p{cq_->channel->fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, left.count())));
+    if (n < 0 && errno != EINTR) {
+      ec.assign(errno, std::generic_category());
+      return {};
+    }
+    if (n > 0 && (consume_events(ec), ec)) return {};
+  }
+}
+
+std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout) {
+  std::error_code ec;
+  auto got = wait(out, timeout, ec);
+  if (ec) detail::throw_error(ec, "CompletionQueue::wait", std::source_location::current());
+  return got;
+}
+
+}  // namespace verbs

@@ -1,0 +1,216 @@
+#include "verbs/device.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "detail.hpp"
+
+namespace verbs {
+namespace {
+
+struct DeviceList {
+  ibv_device** list = nullptr;
+  int count = 0;
+  int error = 0;
+  DeviceList() {
+    errno = 0;
+    list = ibv_get_device_list(&count);
+    if (list == nullptr) error = errno != 0 ? errno : ENOSYS;
+  }
+  ~DeviceList() {
+    if (list != nullptr) ibv_free_device_list(list);
+  }
+  DeviceList(const DeviceList&) = delete;
+  DeviceList& operator=(const DeviceList&) = delete;
+  [[nodiscard]] std::span<ibv_device*> devices() const { return {list, list == nullptr ? 0u : static_cast<std::size_t>(count)}; }
+};
+
+bool kernel_has_rdma() {
+  struct stat st {};
+  return ::stat("/sys/class/infiniband_verbs", &st) == 0;
+}
+
+[[noreturn]] void throw_no_device(std::string_view what, std::source_location where) {
+  std::string text(what);
+  if (!kernel_has_rdma()) text += "; this kernel has no RDMA support (/sys/class/infiniband_verbs is missing)";
+  text +=
+      ". To create a SoftRoCE device on a kernel with rdma_rxe: "
+      "`modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <interface>` "
+      "(the interface needs an IPv4 address); `ibv_devices` lists what is present";
+  detail::throw_error(make_error_code(Errc::no_device), text, where);
+}
+
+std::shared_ptr<ibv_context> open_context(ibv_device* dev) {
+  ibv_context* ctx = detail::check_ptr(ibv_open_device(dev), "ibv_open_device");
+  // Non-blocking async fd, so wait_async_event can poll it with a timeout.
+  const int fl = ::fcntl(ctx->async_fd, F_GETFL);
+  if (fl >= 0) (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+  return {ctx, [](ibv_context* c) { ibv_close_device(c); }};
+}
+
+}  // namespace
+
+std::string_view to_string(GidType t) noexcept {
+  switch (t) {
+    case GidType::ib: return "IB";
+    case GidType::roce_v1: return "RoCE v1";
+    case GidType::roce_v2: return "RoCE v2";
+  }
+  return "unknown";
+}
+
+Gid Gid::from_native(const ibv_gid& g) noexcept {
+  Gid r;
+  std::memcpy(r.raw.data(), g.raw, 16);
+  return r;
+}
+ibv_gid Gid::native() const noexcept {
+  ibv_gid g{};
+  std::memcpy(g.raw, raw.data(), 16);
+  return g;
+}
+bool Gid::is_zero() const noexcept {
+  return std::all_of(raw.begin(), raw.end(), [](std::uint8_t b) { return b == 0; });
+}
+bool Gid::is_ipv4_mapped() const noexcept {
+  return std::all_of(raw.begin(), raw.begin() + 10, [](std::uint8_t b) { return b == 0; }) && raw[10] == 0xff &&
+         raw[11] == 0xff;
+}
+std::string Gid::to_string() const {
+  char text[INET6_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET6, raw.data(), text, sizeof text);
+  return text;
+}
+
+std::vector<DeviceInfo> list_devices() {
+  const DeviceList l;
+  if (l.list == nullptr) {
+    if (l.error == ENOSYS) return {};  // no RDMA in this kernel: simply no devices
+    detail::throw_errno(l.error, "ibv_get_device_list", std::source_location::current());
+  }
+  std::vector<DeviceInfo> out;
+  for (ibv_device* d : l.devices())
+    out.push_back({ibv_get_device_name(d), be64toh(ibv_get_device_guid(d)), d->node_type});
+  return out;
+}
+
+Device::Device(std::shared_ptr<ibv_context> ctx, std::string name) : ctx_(std::move(ctx)), name_(std::move(name)) {
+  detail::check_rc(ibv_query_device_ex(ctx_.get(), nullptr, &attr_), "ibv_query_device_ex");
+}
+
+Device Device::open(std::string_view name) {
+  const DeviceList l;
+  std::string present;
+  for (ibv_device* d : l.devices()) {
+    if (name == ibv_get_device_name(d)) return Device(open_context(d), std::string(name));
+    present += present.empty() ? "" : ", ";
+    present += ibv_get_device_name(d);
+  }
+  throw_no_device("no RDMA device named '" + std::string(name) + "' (present: " +
+                      (present.empty() ? std::string("none") : present) + ")",
+                  std::source_location::current());
+}
+
+Device Device::open_first() {
+  const DeviceList l;
+  if (l.devices().empty()) throw_no_device("no RDMA device found", std::source_location::current());
+  return Device(open_context(l.devices()[0]), ibv_get_device_name(l.devices()[0]));
+}
+
+void Device::swap(Device& o) noexcept {
+  ctx_.swap(o.ctx_);
+  name_.swap(o.name_);
+  std::swap(attr_, o.attr_);
+}
+
+PortInfo Device::port(std::uint8_t port_num) const { return detail::query_port(ctx_.get(), port_num); }
+std::vector<GidEntry> Device::gid_table(std::uint8_t port_num) const {
+  return detail::query_gid_table(ctx_.get(), port_num);
+}
+GidChoice Device::choose_gid(std::uint8_t port_num) const { return detail::choose_gid(ctx_.get(), port_num); }
+
+std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
+  pollfd p{ctx_->async_fd, POLLIN, 0};
+  const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
+  if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", std::source_location::current());
+  if (n <= 0) return std::nullopt;
+  AsyncEvent ev;
+  if (ibv_get_async_event(ctx_.get(), &ev.raw) != 0) {
+    if (errno == EAGAIN) return std::nullopt;
+    detail::throw_errno(errno, "ibv_get_async_event", std::source_location::current());
+  }
+  ev.type = ev.raw.event_type;
+  ibv_ack_async_event(&ev.raw);
+  return ev;
+}
+
+namespace detail {
+
+PortInfo query_port(ibv_context* ctx, std::uint8_t port_num) {
+  PortInfo p;
+  check_rc(ibv_query_port(ctx, port_num, &p.raw), "ibv_query_port");
+  p.port_num = port_num;
+  p.state = p.raw.state;
+  p.max_mtu = static_cast<Mtu>(p.raw.max_mtu);
+  p.active_mtu = static_cast<Mtu>(p.raw.active_mtu);
+  p.link_layer = static_cast<LinkLayer>(p.raw.link_layer);
+  p.lid = p.raw.lid;
+  p.gid_table_len = static_cast<std::uint32_t>(p.raw.gid_tbl_len);
+  p.active_width = p.raw.active_width;
+  p.active_speed = p.raw.active_speed;
+  return p;
+}
+
+std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
+  const PortInfo p = query_port(ctx, port_num);
+  std::vector<GidEntry> out;
+  for (std::uint32_t i = 0; i < p.gid_table_len; ++i) {
+    ibv_gid_entry e{};
+    // ENODATA marks an empty slot; other failures (e.g. a provider without the ex query)
+    // also just leave the entry out.
+    if (ibv_query_gid_ex(ctx, port_num, i, &e, 0) != 0) continue;
+    GidEntry g;
+    g.gid = Gid::from_native(e.gid);
+    if (g.gid.is_zero()) continue;
+    g.index = e.gid_index;
+    g.type = static_cast<GidType>(e.gid_type);
+    char name[IF_NAMESIZE] = {};
+    if (e.ndev_ifindex != 0 && ::if_indextoname(e.ndev_ifindex, name) != nullptr) g.netdev = name;
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num) {
+  const PortInfo p = query_port(ctx, port_num);
+  const std::vector<GidEntry> table = query_gid_table(ctx, port_num);
+  if (!p.is_ethernet()) {
+    GidEntry e;
+    if (!table.empty()) e = table.front();
+    return {e, "InfiniBand port: addressed by LID " + std::to_string(p.lid) + "; GID index " +
+                   std::to_string(e.index) + " is used only with a GRH"};
+  }
+  const auto find = [&](auto pred) { return std::find_if(table.begin(), table.end(), pred); };
+  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v2 && e.gid.is_ipv4_mapped(); });
+      it != table.end())
+    return {*it, "RoCE v2 with an IPv4-mapped address (routable; what rdma_cm uses for IPv4)"};
+  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v2; }); it != table.end())
+    return {*it, "RoCE v2, but no IPv4-mapped GID: the netdev has no IPv4 address"};
+  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v1; }); it != table.end())
+    return {*it, "only RoCE v1 GIDs on this port (not routable across subnets)"};
+  detail::throw_error(make_error_code(Errc::no_device),
+                      "port " + std::to_string(port_num) +
+                          " has no usable GID: is its netdev up, with an IP address?",
+                      std::source_location::current());
+}
+
+}  // namespace detail
+}  // namespace verbs

@@ -1,0 +1,99 @@
+#include "verbs/memory_region.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "detail.hpp"
+
+namespace verbs {
+namespace {
+
+using detail::get_le;
+using detail::put_le;
+constexpr std::byte kMagic0{'V'}, kMagic1{'R'}, kVersion{1};
+
+}  // namespace
+
+Buffer::Buffer(std::size_t size) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t rounded = size == 0 ? page : (size + page - 1) / page * page;
+  void* p = std::aligned_alloc(page, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  data_ = static_cast<std::byte*>(p);
+  size_ = size;
+}
+
+Buffer::~Buffer() { std::free(data_); }  // NOLINT
+
+MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access)
+    : access_(access) {
+  constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
+  if ((access & needs_local_write) && !(access & Access::local_write))
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
+                        std::source_location::current());
+  ibv_mr* mr = detail::check_ptr(
+      ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr");
+  mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
+}
+
+MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access)
+    : MemoryRegion(pd, buffer.span(), access) {
+  buffer_ = std::move(buffer);
+}
+
+MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access) {
+  return MemoryRegion(Buffer(size), pd, access);
+}
+
+RemoteSlice::Wire RemoteSlice::encode() const noexcept {
+  Wire w{};
+  w[0] = kMagic0;
+  w[1] = kMagic1;
+  w[2] = kVersion;
+  w[3] = std::byte{0};
+  put_le(&w[4], rkey, 4);
+  put_le(&w[8], addr, 8);
+  put_le(&w[16], length, 8);
+  return w;
+}
+
+std::optional<RemoteSlice> RemoteSlice::decode(std::span<const std::byte> wire, std::error_code& ec) noexcept {
+  ec = make_error_code(Errc::bad_encoding);
+  if (wire.size() != wire_size || wire[0] != kMagic0 || wire[1] != kMagic1 || wire[2] != kVersion ||
+      wire[3] != std::byte{0})
+    return std::nullopt;
+  RemoteSlice r{get_le(&wire[8], 8), get_le(&wire[16], 8), static_cast<std::uint32_t>(get_le(&wire[4], 4))};
+  if (r.length > UINT64_MAX - r.addr) return std::nullopt;
+  ec.clear();
+  return r;
+}
+
+RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire) {
+  std::error_code ec;
+  if (auto r = decode(wire, ec)) return *r;
+  std::string why;
+  if (wire.size() != wire_size)
+    why = "size " + std::to_string(wire.size()) + ", expected " + std::to_string(wire_size);
+  else if (wire[0] != kMagic0 || wire[1] != kMagic1)
+    why = "bad magic (not a verbs remote slice)";
+  else if (wire[2] != kVersion)
+    why = "unsupported version " + std::to_string(static_cast<int>(wire[2]));
+  else if (wire[3] != std::byte{0})
+    why = "reserved byte not zero";
+  else
+    why = "addr + length wraps around";
+  detail::throw_error(ec, "RemoteSlice::decode: " + why, std::source_location::current());
+}
+
+RemoteSlice RemoteSlice::slice(std::uint64_t offset, std::uint64_t len, std::source_location where) const {
+  if (auto r = try_slice(offset, len)) return *r;
+  detail::throw_slice_error(Errc::remote_out_of_bounds, offset, len, length, where);
+}
+
+}  // namespace verbs

@@ -1,0 +1,276 @@
+#include "verbs/queue_pair.hpp"
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "detail.hpp"
+
+namespace verbs {
+namespace {
+
+using detail::get_le;
+using detail::put_le;
+
+constexpr std::uint32_t bit(int key) { return 1u << key; }
+
+std::uint32_t allowed_ops(QpType t) {
+  switch (t) {
+    case QpType::rc:
+      return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) |
+             bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) | bit(IBV_WR_ATOMIC_CMP_AND_SWP) |
+             bit(IBV_WR_ATOMIC_FETCH_AND_ADD);
+    case QpType::uc:
+      return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) | bit(IBV_WR_SEND_WITH_IMM);
+    case QpType::ud:
+      return bit(IBV_WR_SEND + 16) | bit(IBV_WR_SEND_WITH_IMM + 16);
+  }
+  return 0;
+}
+
+std::uint32_t random_psn() {
+  static thread_local std::mt19937 gen{std::random_device{}()};
+  return gen() & 0xffffffu;
+}
+
+constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
+
+[[noreturn]] void bad_option(const std::string& what) {
+  detail::throw_error(make_error_code(Errc::bad_argument), what, std::source_location::current());
+}
+
+}  // namespace
+
+std::string_view to_string(QpType t) noexcept {
+  switch (t) {
+    case QpType::rc: return "RC";
+    case QpType::uc: return "UC";
+    case QpType::ud: return "UD";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(QpState s) noexcept {
+  switch (s) {
+    case QpState::reset: return "RESET";
+    case QpState::init: return "INIT";
+    case QpState::rtr: return "RTR";
+    case QpState::rts: return "RTS";
+    case QpState::sqd: return "SQD";
+    case QpState::sqe: return "SQE";
+    case QpState::err: return "ERR";
+    case QpState::unknown: return "UNKNOWN";
+  }
+  return "unknown";
+}
+
+QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                     const QpOptions& o)
+    : access_(o.access), pkey_index_(o.pkey_index), port_(o.port), type_(o.type), has_srq_(o.srq != nullptr) {
+  ibv_context* ctx = pd.native_handle()->context;
+  const PortInfo port = detail::query_port(ctx, o.port);
+  ethernet_ = port.is_ethernet();
+  ibv_device_attr dev{};
+  detail::check_rc(ibv_query_device(ctx, &dev), "ibv_query_device");
+  dev_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 0, 255));
+  dev_init_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 0, 255));
+
+  if (o.gid_index) {
+    gid_index_ = *o.gid_index;
+    ibv_gid g{};
+    detail::check_rc(ibv_query_gid(ctx, o.port, static_cast<int>(gid_index_), &g), "ibv_query_gid");
+    local_.gid = Gid::from_native(g);
+  } else if (ethernet_) {
+    const GidChoice c = detail::choose_gid(ctx, o.port);
+    gid_index_ = c.entry.index;
+    local_.gid = c.entry.gid;
+  }
+
+  ibv_qp_init_attr init{};
+  init.send_cq = send_cq.native_handle();
+  init.recv_cq = recv_cq.native_handle();
+  init.srq = o.srq != nullptr ? o.srq->native_handle() : nullptr;
+  init.cap.max_send_wr = o.max_send_wr;
+  init.cap.max_recv_wr = o.srq != nullptr ? 0 : o.max_recv_wr;
+  init.cap.max_send_sge = o.max_send_sge;
+  init.cap.max_recv_sge = o.srq != nullptr ? 0 : o.max_recv_sge;
+  init.cap.max_inline_data = o.max_inline_data;
+  init.qp_type = static_cast<ibv_qp_type>(o.type);
+  init.sq_sig_all = o.signal_all ? 1 : 0;
+  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp");
+  std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
+  qp_ = std::shared_ptr<ibv_qp>(
+      qp, [pd = pd.shared_handle(), s = send_cq.shared_handle(), r = recv_cq.shared_handle(), srq](ibv_qp* q) {
+        ibv_destroy_qp(q);
+      });
+
+  // ibv_create_qp writes back what the device granted (at least what was asked).
+  max_send_sge_ = init.cap.max_send_sge;
+  max_recv_sge_ = init.cap.max_recv_sge;
+  max_inline_ = init.cap.max_inline_data;
+  max_send_wr_ = init.cap.max_send_wr;
+  max_recv_wr_ = init.cap.max_recv_wr;
+  allowed_ = allowed_ops(o.type);
+
+  local_.qp_num = qp->qp_num;
+  local_.psn = random_psn();
+  local_.qkey = o.type == QpType::ud ? o.qkey : 0;
+  local_.lid = port.lid;
+  local_.mtu = port.active_mtu;
+}
+
+void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb) {
+  attr.qp_state = to;
+  detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask | IBV_QP_STATE), verb);
+  state_ = static_cast<std::uint8_t>(to);
+}
+
+void QueuePair::to_init() {
+  ibv_qp_attr a{};
+  a.pkey_index = pkey_index_;
+  a.port_num = port_;
+  int mask = IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (type_ == QpType::ud) {
+    a.qkey = local_.qkey;
+    mask |= IBV_QP_QKEY;
+  } else {
+    a.qp_access_flags = static_cast<unsigned>(access_.value());
+    mask |= IBV_QP_ACCESS_FLAGS;
+  }
+  modify_(a, mask, IBV_QPS_INIT, "ibv_modify_qp(INIT)");
+}
+
+void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
+  ibv_qp_attr a{};
+  int mask = 0;
+  if (type_ != QpType::ud) {
+    a.path_mtu = static_cast<ibv_mtu>(o.path_mtu.value_or(std::min(local_.mtu, remote.mtu)));
+    a.dest_qp_num = remote.qp_num;
+    a.rq_psn = remote.psn & 0xffffffu;
+    a.ah_attr.dlid = remote.lid;
+    a.ah_attr.sl = o.sl;
+    a.ah_attr.port_num = port_;
+    // RoCE always needs a GRH; InfiniBand only when the peer gave a GID (another subnet).
+    if (ethernet_ || !remote.gid.is_zero()) {
+      if (remote.gid.is_zero())
+        detail::throw_error(make_error_code(Errc::bad_argument),
+                            "QueuePair::to_rtr: the remote endpoint has no GID, which a RoCE port needs",
+                            std::source_location::current());
+      a.ah_attr.is_global = 1;
+      a.ah_attr.grh.dgid = remote.gid.native();
+      a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_index_);
+      a.ah_attr.grh.hop_limit = o.hop_limit;
+      a.ah_attr.grh.traffic_class = o.traffic_class;
+    }
+    mask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (type_ == QpType::rc) {
+      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), dev_rd_atom_);
+      a.min_rnr_timer = o.min_rnr_timer;
+      mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    }
+  }
+  modify_(a, mask, IBV_QPS_RTR, "ibv_modify_qp(RTR)");
+}
+
+void QueuePair::to_rts(const ConnectOptions& o) {
+  if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
+    bad_option("QueuePair::to_rts: retry_cnt and rnr_retry are 0..7, timeout 0..31");
+  ibv_qp_attr a{};
+  a.sq_psn = local_.psn;
+  int mask = IBV_QP_SQ_PSN;
+  if (type_ == QpType::rc) {
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), dev_init_rd_atom_);
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)");
+}
+
+void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o) {
+  if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()");
+  if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
+    bad_option("QueuePair::connect: retry_cnt and rnr_retry are 0..7, timeout 0..31");
+  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset();
+  if (state_ == IBV_QPS_RESET) to_init();
+  to_rtr(remote, o);
+  to_rts(o);
+}
+
+void QueuePair::activate() {
+  if (type_ != QpType::ud) bad_option("QueuePair::activate: only for UD; connect RC and UC QPs to a peer");
+  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset();
+  if (state_ == IBV_QPS_RESET) to_init();
+  to_rtr(Endpoint{});
+  to_rts();
+}
+
+void QueuePair::reset() {
+  ibv_qp_attr a{};
+  modify_(a, 0, IBV_QPS_RESET, "ibv_modify_qp(RESET)");
+}
+
+void QueuePair::to_error() {
+  ibv_qp_attr a{};
+  modify_(a, 0, IBV_QPS_ERR, "ibv_modify_qp(ERR)");
+}
+
+QpState QueuePair::query_state() {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr init{};
+  detail::check_rc(ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init), "ibv_query_qp");
+  state_ = static_cast<std::uint8_t>(a.qp_state);
+  return static_cast<QpState>(a.qp_state);
+}
+
+Endpoint::Wire Endpoint::encode() const noexcept {
+  Wire w{};
+  w[0] = kMagic0;
+  w[1] = kMagic1;
+  w[2] = kVersion;
+  put_le(&w[4], qp_num, 4);
+  put_le(&w[8], psn, 4);
+  put_le(&w[12], qkey, 4);
+  put_le(&w[16], lid, 2);
+  w[18] = static_cast<std::byte>(mtu);
+  for (std::size_t i = 0; i < 16; ++i) w[20 + i] = static_cast<std::byte>(gid.raw[i]);
+  return w;
+}
+
+namespace {
+const char* endpoint_problem(std::span<const std::byte> w) noexcept {
+  if (w.size() != Endpoint::wire_size) return "wrong size";
+  if (w[0] != kMagic0 || w[1] != kMagic1) return "bad magic (not a verbs endpoint)";
+  if (w[2] != kVersion) return "unsupported version";
+  if (w[3] != std::byte{0} || w[19] != std::byte{0}) return "reserved byte not zero";
+  if (mtu_bytes(static_cast<Mtu>(w[18])) == 0) return "MTU out of range";
+  if (get_le(&w[8], 4) > 0xffffffu) return "PSN wider than 24 bits";
+  if (get_le(&w[4], 4) > 0xffffffu) return "QP number wider than 24 bits";
+  return nullptr;
+}
+}  // namespace
+
+std::optional<Endpoint> Endpoint::decode(std::span<const std::byte> w, std::error_code& ec) noexcept {
+  if (endpoint_problem(w) != nullptr) {
+    ec = make_error_code(Errc::bad_encoding);
+    return std::nullopt;
+  }
+  ec.clear();
+  Endpoint e;
+  e.qp_num = static_cast<std::uint32_t>(get_le(&w[4], 4));
+  e.psn = static_cast<std::uint32_t>(get_le(&w[8], 4));
+  e.qkey = static_cast<std::uint32_t>(get_le(&w[12], 4));
+  e.lid = static_cast<std::uint16_t>(get_le(&w[16], 2));
+  e.mtu = static_cast<Mtu>(w[18]);
+  for (std::size_t i = 0; i < 16; ++i) e.gid.raw[i] = static_cast<std::uint8_t>(w[20 + i]);
+  return e;
+}
+
+Endpoint Endpoint::decode(std::span<const std::byte> w) {
+  std::error_code ec;
+  if (auto e = decode(w, ec)) return *e;
+  detail::throw_error(ec, std::string("Endpoint::decode: ") + endpoint_problem(w), std::source_location::current());
+}
+
+}  // namespace verbs

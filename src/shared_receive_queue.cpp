@@ -1,0 +1,28 @@
+#include "verbs/shared_receive_queue.hpp"
+
+namespace verbs {
+
+SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o) {
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = o.max_wr;
+  init.attr.max_sge = o.max_sge;
+  init.attr.srq_limit = o.limit;
+  ibv_srq* srq = detail::check_ptr(ibv_create_srq(pd.native_handle(), &init), "ibv_create_srq");
+  srq_ = std::shared_ptr<ibv_srq>(srq, [pd = pd.shared_handle()](ibv_srq* s) { ibv_destroy_srq(s); });
+  max_wr_ = init.attr.max_wr;
+  max_sge_ = init.attr.max_sge;
+}
+
+void SharedReceiveQueue::arm(std::uint32_t limit) {
+  ibv_srq_attr a{};
+  a.srq_limit = limit;
+  detail::check_rc(ibv_modify_srq(srq_.get(), &a, IBV_SRQ_LIMIT), "ibv_modify_srq(IBV_SRQ_LIMIT)");
+}
+
+std::uint32_t SharedReceiveQueue::limit() const {
+  ibv_srq_attr a{};
+  detail::check_rc(ibv_query_srq(srq_.get(), &a), "ibv_query_srq");
+  return a.srq_limit;
+}
+
+}  // namespace verbs
