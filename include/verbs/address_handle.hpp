@@ -13,7 +13,7 @@
 namespace verbs {
 
 struct AhOptions {
-  Gid dgid;                      ///< destination GID (RoCE needs one: is_global is set when non-zero)
+  Gid dgid{};                      ///< destination GID (RoCE needs one: is_global is set when non-zero)
   std::uint16_t dlid = 0;        ///< destination LID (InfiniBand)
   std::uint8_t sgid_index = 0;   ///< local GID index (Device::choose_gid)
   std::uint8_t port = 1;

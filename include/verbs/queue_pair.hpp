@@ -42,7 +42,7 @@ struct QpOptions {
   std::uint8_t port = 1;
   std::uint16_t pkey_index = 0;
   std::uint32_t qkey = 0x11111111;            ///< UD only
-  std::optional<std::uint32_t> gid_index;     ///< default: Device::choose_gid's pick
+  std::optional<std::uint32_t> gid_index = std::nullopt;     ///< default: Device::choose_gid's pick
 };
 
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
@@ -51,7 +51,7 @@ struct Endpoint {
   std::uint32_t qp_num = 0;
   std::uint32_t psn = 0;     ///< 24 bits
   std::uint32_t qkey = 0;    ///< UD
-  Gid gid;                   ///< zero on InfiniBand without a GRH
+  Gid gid{};                   ///< zero on InfiniBand without a GRH
   std::uint16_t lid = 0;     ///< InfiniBand; 0 on RoCE
   Mtu mtu = Mtu::mtu1024;    ///< the port's active MTU
 
@@ -69,9 +69,9 @@ struct Endpoint {
 /// Attributes for RTR and RTS. The defaults never wait forever: on rxe a retry count of 7
 /// retries without end, and an rnr_retry of 7 is infinite by the specification.
 struct ConnectOptions {
-  std::optional<Mtu> path_mtu;               ///< default: the smaller of both ports' active MTU
-  std::optional<std::uint8_t> max_rd_atomic; ///< outstanding reads/atomics as initiator; default min(16, device)
-  std::optional<std::uint8_t> max_dest_rd_atomic; ///< as responder; default min(16, device)
+  std::optional<Mtu> path_mtu = std::nullopt;               ///< default: the smaller of both ports' active MTU
+  std::optional<std::uint8_t> max_rd_atomic = std::nullopt; ///< outstanding reads/atomics as initiator; default min(16, device)
+  std::optional<std::uint8_t> max_dest_rd_atomic = std::nullopt; ///< as responder; default min(16, device)
   std::uint8_t min_rnr_timer = 12;           ///< 0.64 ms
   std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
   std::uint8_t retry_cnt = 6;
