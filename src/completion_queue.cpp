@@ -16,7 +16,7 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options) {
     // Non-blocking, so consume_events() and wait() never sleep inside ibv_get_cq_event.
     const int fl = ::fcntl(ch->fd, F_GETFL);
     if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
-      detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", std::source_location::current());
+      detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", SourceLocation::current());
   }
   ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
                                  "ibv_create_cq");
@@ -28,7 +28,7 @@ void CompletionQueue::req_notify(bool solicited_only) {
   if (!has_channel())
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "CompletionQueue::req_notify: the CQ has no completion channel (CqOptions::with_channel)",
-                        std::source_location::current());
+                        SourceLocation::current());
   detail::check_rc(ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0), "ibv_req_notify_cq");
 }
 
@@ -54,7 +54,7 @@ int CompletionQueue::consume_events(std::error_code& ec) noexcept {
 int CompletionQueue::consume_events() {
   std::error_code ec;
   const int n = consume_events(ec);
-  if (ec) detail::throw_error(ec, "ibv_get_cq_event", std::source_location::current());
+  if (ec) detail::throw_error(ec, "ibv_get_cq_event", SourceLocation::current());
   return n;
 }
 
@@ -88,7 +88,7 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
 std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout) {
   std::error_code ec;
   auto got = wait(out, timeout, ec);
-  if (ec) detail::throw_error(ec, "CompletionQueue::wait", std::source_location::current());
+  if (ec) detail::throw_error(ec, "CompletionQueue::wait", SourceLocation::current());
   return got;
 }
 

@@ -38,7 +38,7 @@ bool kernel_has_rdma() {
   return ::stat("/sys/class/infiniband_verbs", &st) == 0;
 }
 
-[[noreturn]] void throw_no_device(std::string_view what, std::source_location where) {
+[[noreturn]] void throw_no_device(std::string_view what, SourceLocation where) {
   std::string text(what);
   if (!kernel_has_rdma()) text += "; this kernel has no RDMA support (/sys/class/infiniband_verbs is missing)";
   text +=
@@ -94,7 +94,7 @@ std::vector<DeviceInfo> list_devices() {
   const DeviceList l;
   if (l.list == nullptr) {
     if (l.error == ENOSYS) return {};  // no RDMA in this kernel: simply no devices
-    detail::throw_errno(l.error, "ibv_get_device_list", std::source_location::current());
+    detail::throw_errno(l.error, "ibv_get_device_list", SourceLocation::current());
   }
   std::vector<DeviceInfo> out;
   for (ibv_device* d : l.devices())
@@ -116,12 +116,12 @@ Device Device::open(std::string_view name) {
   }
   throw_no_device("no RDMA device named '" + std::string(name) + "' (present: " +
                       (present.empty() ? std::string("none") : present) + ")",
-                  std::source_location::current());
+                  SourceLocation::current());
 }
 
 Device Device::open_first() {
   const DeviceList l;
-  if (l.devices().empty()) throw_no_device("no RDMA device found", std::source_location::current());
+  if (l.devices().empty()) throw_no_device("no RDMA device found", SourceLocation::current());
   return Device(open_context(l.devices()[0]), ibv_get_device_name(l.devices()[0]));
 }
 
@@ -140,12 +140,12 @@ GidChoice Device::choose_gid(std::uint8_t port_num) const { return detail::choos
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
   pollfd p{ctx_->async_fd, POLLIN, 0};
   const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
-  if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", std::source_location::current());
+  if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
   if (n <= 0) return std::nullopt;
   AsyncEvent ev;
   if (ibv_get_async_event(ctx_.get(), &ev.raw) != 0) {
     if (errno == EAGAIN) return std::nullopt;
-    detail::throw_errno(errno, "ibv_get_async_event", std::source_location::current());
+    detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
   }
   ev.type = ev.raw.event_type;
   ibv_ack_async_event(&ev.raw);
@@ -209,7 +209,7 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num) {
   detail::throw_error(make_error_code(Errc::no_device),
                       "port " + std::to_string(port_num) +
                           " has no usable GID: is its netdev up, with an IP address?",
-                      std::source_location::current());
+                      SourceLocation::current());
 }
 
 }  // namespace detail

@@ -53,7 +53,7 @@ class WcCategory final : public std::error_category {
   }
 };
 
-std::string where_text(const std::source_location& w) {
+std::string where_text(const SourceLocation& w) {
   std::string file = w.file_name();
   if (const auto slash = file.find_last_of('/'); slash != std::string::npos) file.erase(0, slash + 1);
   return file + ":" + std::to_string(w.line()) + " in " + w.function_name();
@@ -70,19 +70,19 @@ const std::error_category& wc_category() noexcept {
   return c;
 }
 
-Error::Error(std::error_code code, std::string_view context, std::source_location where)
+Error::Error(std::error_code code, std::string_view context, SourceLocation where)
     : std::system_error(code, std::string(context) + " [at " + where_text(where) + "]"),
       context_(context),
       where_(where) {}
 
 namespace detail {
 
-void throw_error(std::error_code code, std::string_view context, std::source_location where) {
+void throw_error(std::error_code code, std::string_view context, SourceLocation where) {
   throw Error(code, context, where);
 }
 
 void throw_slice_error(Errc code, std::uint64_t offset, std::uint64_t len, std::uint64_t size,
-                       std::source_location where) {
+                       SourceLocation where) {
   char text[160];
   std::snprintf(text, sizeof text, "slice [%llu, +%llu) of a region of %llu bytes", static_cast<unsigned long long>(offset),
                 static_cast<unsigned long long>(len), static_cast<unsigned long long>(size));
@@ -91,12 +91,12 @@ void throw_slice_error(Errc code, std::uint64_t offset, std::uint64_t len, std::
 
 }  // namespace detail
 
-void PostResult::throw_error(std::source_location where) const {
+void PostResult::throw_error(SourceLocation where) const {
   const std::string ctx = std::string(value_ > 0 ? "ibv_post" : "post") + " (work request " + std::to_string(index_) + " of the chain)";
   throw Error(error(), ctx, where);
 }
 
-void Completion::throw_failed(std::source_location where) const {
+void Completion::throw_failed(SourceLocation where) const {
   char text[200];
   // A failed completion's opcode is undefined, so it is not named.
   std::snprintf(text, sizeof text, "work completion wr_id=%llu qp_num=%u vendor_err=0x%x",

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -20,6 +21,8 @@ constexpr std::byte kMagic0{'V'}, kMagic1{'R'}, kVersion{1};
 
 Buffer::Buffer(std::size_t size) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Rounding up must not wrap around to a tiny allocation that claims `size` bytes.
+  if (size > std::numeric_limits<std::size_t>::max() - (page - 1)) throw std::bad_alloc();
   const std::size_t rounded = size == 0 ? page : (size + page - 1) / page * page;
   void* p = std::aligned_alloc(page, rounded);
   if (p == nullptr) throw std::bad_alloc();
@@ -36,7 +39,7 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
   if ((access & needs_local_write) && !(access & Access::local_write))
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
-                        std::source_location::current());
+                        SourceLocation::current());
   ibv_mr* mr = detail::check_ptr(
       ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr");
   mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
@@ -88,10 +91,10 @@ RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire) {
     why = "reserved byte not zero";
   else
     why = "addr + length wraps around";
-  detail::throw_error(ec, "RemoteSlice::decode: " + why, std::source_location::current());
+  detail::throw_error(ec, "RemoteSlice::decode: " + why, SourceLocation::current());
 }
 
-RemoteSlice RemoteSlice::slice(std::uint64_t offset, std::uint64_t len, std::source_location where) const {
+RemoteSlice RemoteSlice::slice(std::uint64_t offset, std::uint64_t len, SourceLocation where) const {
   if (auto r = try_slice(offset, len)) return *r;
   detail::throw_slice_error(Errc::remote_out_of_bounds, offset, len, length, where);
 }

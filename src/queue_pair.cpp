@@ -36,7 +36,7 @@ std::uint32_t random_psn() {
 constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
 
 [[noreturn]] void bad_option(const std::string& what) {
-  detail::throw_error(make_error_code(Errc::bad_argument), what, std::source_location::current());
+  detail::throw_error(make_error_code(Errc::bad_argument), what, SourceLocation::current());
 }
 
 }  // namespace
@@ -155,7 +155,7 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
       if (remote.gid.is_zero())
         detail::throw_error(make_error_code(Errc::bad_argument),
                             "QueuePair::to_rtr: the remote endpoint has no GID, which a RoCE port needs",
-                            std::source_location::current());
+                            SourceLocation::current());
       a.ah_attr.is_global = 1;
       a.ah_attr.grh.dgid = remote.gid.native();
       a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_index_);
@@ -270,7 +270,7 @@ std::optional<Endpoint> Endpoint::decode(std::span<const std::byte> w, std::erro
 Endpoint Endpoint::decode(std::span<const std::byte> w) {
   std::error_code ec;
   if (auto e = decode(w, ec)) return *e;
-  detail::throw_error(ec, std::string("Endpoint::decode: ") + endpoint_problem(w), std::source_location::current());
+  detail::throw_error(ec, std::string("Endpoint::decode: ") + endpoint_problem(w), SourceLocation::current());
 }
 
 }  // namespace verbs

@@ -58,13 +58,13 @@ class Completion {
     return ok() ? std::error_code{} : make_error_code(status());
   }
   /// Throws Error naming the status, wr_id, QP and vendor error if the completion failed.
-  void throw_if_failed(std::source_location where = std::source_location::current()) const {
+  void throw_if_failed(SourceLocation where = SourceLocation::current()) const {
     if (!ok()) [[unlikely]] throw_failed(where);
   }
   [[nodiscard]] const ibv_wc& native() const noexcept { return wc_; }
 
  private:
-  [[noreturn]] void throw_failed(std::source_location where) const;
+  [[noreturn]] void throw_failed(SourceLocation where) const;
   ibv_wc wc_{};
 };
 static_assert(sizeof(Completion) == sizeof(ibv_wc) && std::is_standard_layout_v<Completion>);
@@ -103,7 +103,7 @@ class CompletionQueue {
   /// As above; throws Error only when the device reports a failure of the CQ itself.
   std::span<Completion> poll(std::span<Completion> out) {
     const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
-    if (n < 0) [[unlikely]] detail::throw_errno(detail::rc_to_errno(n), "ibv_poll_cq", std::source_location::current());
+    if (n < 0) [[unlikely]] detail::throw_errno(detail::rc_to_errno(n), "ibv_poll_cq", SourceLocation::current());
     return out.first(static_cast<std::size_t>(n));
   }
   /// One completion if one is ready.

@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -12,6 +11,30 @@
 #include <infiniband/verbs.h>
 
 namespace verbs {
+
+/// Where a failing call was made: std::source_location's interface, built on the compiler
+/// builtins so that it works with clang 14 and libstdc++ too (which lack std::source_location
+/// together), and so the library's ABI does not depend on which of the two a user compiles with.
+class SourceLocation {
+ public:
+  static constexpr SourceLocation current(const char* file = __builtin_FILE(),
+                                          const char* function = __builtin_FUNCTION(),
+                                          std::uint_least32_t line = __builtin_LINE()) noexcept {
+    SourceLocation l;
+    l.file_ = file;
+    l.function_ = function;
+    l.line_ = line;
+    return l;
+  }
+  [[nodiscard]] constexpr const char* file_name() const noexcept { return file_; }
+  [[nodiscard]] constexpr const char* function_name() const noexcept { return function_; }
+  [[nodiscard]] constexpr std::uint_least32_t line() const noexcept { return line_; }
+
+ private:
+  const char* file_ = "";
+  const char* function_ = "";
+  std::uint_least32_t line_ = 0;
+};
 
 /// What the library itself rejects before anything reaches the device (category "verbs").
 enum class Errc : int {
@@ -71,32 +94,32 @@ inline std::error_code make_error_code(WcStatus s) noexcept { return {static_cas
 class Error : public std::system_error {
  public:
   Error(std::error_code code, std::string_view context,
-        std::source_location where = std::source_location::current());
+        SourceLocation where = SourceLocation::current());
 
   /// The verb or check that failed, e.g. "ibv_reg_mr".
   [[nodiscard]] const std::string& context() const noexcept { return context_; }
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const SourceLocation& where() const noexcept { return where_; }
 
  private:
   std::string context_;
-  std::source_location where_;
+  SourceLocation where_;
 };
 
 namespace detail {
 
-[[noreturn]] void throw_error(std::error_code code, std::string_view context, std::source_location where);
-[[noreturn]] inline void throw_errno(int err, std::string_view verb, std::source_location where) {
+[[noreturn]] void throw_error(std::error_code code, std::string_view context, SourceLocation where);
+[[noreturn]] inline void throw_errno(int err, std::string_view verb, SourceLocation where) {
   throw_error(std::error_code(err, std::generic_category()), verb, where);
 }
 
 /// Throws Error(code) for a slice [offset, offset + len) that does not fit in `size` bytes.
 [[noreturn]] void throw_slice_error(Errc code, std::uint64_t offset, std::uint64_t len, std::uint64_t size,
-                                    std::source_location where);
+                                    SourceLocation where);
 
 /// Verbs report failure three ways: NULL plus errno, a returned errno, or -1 plus errno.
 /// These two helpers cover all three.
 template <typename T>
-T* check_ptr(T* p, std::string_view verb, std::source_location where = std::source_location::current()) {
+T* check_ptr(T* p, std::string_view verb, SourceLocation where = SourceLocation::current()) {
   if (p == nullptr) [[unlikely]] throw_errno(errno != 0 ? errno : EIO, verb, where);
   return p;
 }
@@ -108,7 +131,7 @@ inline int rc_to_errno(int rc) noexcept {
   return errno != 0 ? errno : -rc;
 }
 
-inline void check_rc(int rc, std::string_view verb, std::source_location where = std::source_location::current()) {
+inline void check_rc(int rc, std::string_view verb, SourceLocation where = SourceLocation::current()) {
   if (rc != 0) [[unlikely]] throw_errno(rc_to_errno(rc), verb, where);
 }
 

@@ -82,10 +82,10 @@ struct RemoteSlice {
 
   /// The part [offset, offset + len). Throws Error(Errc::remote_out_of_bounds) if it does not fit.
   [[nodiscard]] RemoteSlice slice(std::uint64_t offset, std::uint64_t len,
-                                  std::source_location where = std::source_location::current()) const;
+                                  SourceLocation where = SourceLocation::current()) const;
   /// The part from offset to the end.
   [[nodiscard]] RemoteSlice slice(std::uint64_t offset,
-                                  std::source_location where = std::source_location::current()) const {
+                                  SourceLocation where = SourceLocation::current()) const {
     return slice(offset, offset <= length ? length - offset : std::numeric_limits<std::uint64_t>::max(), where);
   }
   /// As slice(), empty instead of throwing.
@@ -147,7 +147,11 @@ class MemoryRegion {
   [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {});
 
   MemoryRegion(MemoryRegion&&) noexcept = default;
-  MemoryRegion& operator=(MemoryRegion&&) noexcept = default;
+  /// Deregisters the old region before its owned buffer is freed.
+  MemoryRegion& operator=(MemoryRegion&& o) noexcept {
+    MemoryRegion(std::move(o)).swap(*this);
+    return *this;
+  }
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
   ~MemoryRegion() = default;
@@ -169,7 +173,7 @@ class MemoryRegion {
   /// A local slice [offset, offset + len). Throws Error(Errc::local_out_of_bounds) when it does
   /// not fit in the region, Error(Errc::length_overflow) when len >= 2^32.
   [[nodiscard]] LocalSlice slice(std::size_t offset, std::size_t len,
-                                 std::source_location where = std::source_location::current()) const {
+                                 SourceLocation where = SourceLocation::current()) const {
     if (offset > size() || len > size() - offset) [[unlikely]]
       detail::throw_slice_error(Errc::local_out_of_bounds, offset, len, size(), where);
     if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
@@ -177,7 +181,7 @@ class MemoryRegion {
     return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
   }
   /// The whole region as one local slice.
-  [[nodiscard]] LocalSlice slice(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] LocalSlice slice(SourceLocation where = SourceLocation::current()) const {
     return slice(0, size(), where);
   }
   /// As slice(), empty instead of throwing.

@@ -49,13 +49,13 @@ class [[nodiscard]] PostResult {
   /// How many requests of the chain went to the device.
   [[nodiscard]] constexpr std::uint32_t posted() const noexcept { return value_ > 0 ? index_ : 0; }
   /// Throws Error if the post failed.
-  void check(std::source_location where = std::source_location::current()) const {
+  void check(SourceLocation where = SourceLocation::current()) const {
     if (!ok()) [[unlikely]] throw_error(where);
   }
 
  private:
   constexpr PostResult(int value, std::uint32_t index) noexcept : value_(value), index_(index) {}
-  [[noreturn]] void throw_error(std::source_location where) const;
+  [[noreturn]] void throw_error(SourceLocation where) const;
   int value_ = 0;  // 0 ok, > 0 errno, < 0 -Errc
   std::uint32_t index_ = 0;
 };

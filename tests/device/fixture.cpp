@@ -1,6 +1,8 @@
 #include "fixture.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 namespace verbs::test {
 
@@ -34,7 +36,8 @@ std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono:
   std::size_t have = 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (have < n) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     have += cq.wait(std::span(out).subspan(have), left).size();
   }
@@ -43,8 +46,68 @@ std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono:
   return out;
 }
 
-QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options, ConnectOptions connect)
-    : cq_a(dev, {.depth = 1024}), cq_b(dev, {.depth = 1024}), a(pd, cq_a, options), b(pd, cq_b, options) {
+void expect_no_completion(CompletionQueue& cq, std::chrono::milliseconds wait) {
+  std::array<Completion, 8> buf;
+  for (const Completion& c : cq.wait(buf, wait)) ADD_FAILURE() << "unexpected completion: " << describe(c);
+}
+
+std::string describe(const Completion& c) {
+  std::ostringstream s;
+  s << "wr_id=" << c.wr_id() << " status=" << static_cast<int>(c.status()) << " ("
+    << ibv_wc_status_str(static_cast<ibv_wc_status>(c.status())) << ")";
+  if (c.ok()) s << " opcode=" << to_string(c.opcode()) << " byte_len=" << c.byte_len();
+  s << " qp_num=" << c.qp_num() << " vendor_err=" << c.vendor_err();
+  return s.str();
+}
+
+::testing::AssertionResult completed(const Completion& c, WcOpcode opcode, std::uint64_t wr_id) {
+  if (c.ok() && c.opcode() == opcode && c.wr_id() == wr_id) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected a successful " << to_string(opcode) << " with wr_id=" << wr_id
+                                       << ", got " << describe(c);
+}
+
+::testing::AssertionResult posted(const PostResult& r) {
+  if (r.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "post failed at request " << r.failed_index() << ": " << r.error() << " ("
+                                       << r.error().message() << "), " << r.posted() << " posted";
+}
+
+::testing::AssertionResult rejected(const PostResult& r, Errc why, std::uint32_t index) {
+  if (r.error() == make_error_code(why) && r.failed_index() == index && r.posted() == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected rejection '" << make_error_code(why).message() << "' at request "
+                                       << index << ", got " << (r.ok() ? "success" : r.error().message())
+                                       << " at request " << r.failed_index() << " with " << r.posted() << " posted";
+}
+
+::testing::AssertionResult same_bytes(std::span<const std::byte> got, std::span<const std::byte> want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << ", expected " << want.size();
+  const auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
+  if (g == got.end()) return ::testing::AssertionSuccess();
+  const auto first = static_cast<std::size_t>(g - got.begin());
+  std::size_t differ = 0;
+  for (std::size_t i = first; i < got.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
+  return ::testing::AssertionFailure() << differ << " of " << got.size() << " bytes differ; the first at offset "
+                                       << first << ": got " << static_cast<int>(*g) << ", expected "
+                                       << static_cast<int>(*w);
+}
+
+::testing::AssertionResult all_bytes(std::span<const std::byte> got, std::byte value) {
+  const auto it = std::find_if(got.begin(), got.end(), [value](std::byte b) { return b != value; });
+  if (it == got.end()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "byte at offset " << (it - got.begin()) << " is " << static_cast<int>(*it)
+                                       << ", expected every byte to be " << static_cast<int>(value);
+}
+
+::testing::AssertionResult contains(std::string_view text, std::string_view part) {
+  if (text.find(part) != std::string_view::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options, ConnectOptions connect,
+               CqOptions cq_options)
+    : cq_a(dev, cq_options), cq_b(dev, cq_options), a(pd, cq_a, options), b(pd, cq_b, options) {
   if (options.type == QpType::ud) {
     a.activate();
     b.activate();
@@ -60,6 +123,12 @@ void fill_pattern(std::span<std::byte> bytes, unsigned seed) {
     x = x * 1103515245u + 12345u;
     bytes[i] = static_cast<std::byte>((x >> 16) ^ i);
   }
+}
+
+std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
+  std::vector<std::byte> v(size);
+  fill_pattern(v, seed);
+  return v;
 }
 
 }  // namespace verbs::test

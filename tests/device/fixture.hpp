@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <verbs/verbs.hpp>
@@ -14,6 +18,11 @@
 namespace verbs::test {
 
 using namespace std::chrono_literals;
+
+/// Every right a test region or queue pair may need; tests that check a missing right build
+/// their own set.
+inline constexpr AccessFlags all_access =
+    Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
 
 /// Opens $VERBS_TEST_DEVICE, or the first device. Empty (with `why` set) when there is none.
 std::optional<Device> open_test_device(std::string& why);
@@ -31,11 +40,41 @@ class DeviceTest : public ::testing::Test {
 Completion expect_completion(CompletionQueue& cq, std::chrono::milliseconds timeout = 10s);
 /// Waits until `n` completions have arrived on `cq` (or the timeout passes) and returns them.
 std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout = 10s);
+/// Fails the test if any completion arrives on `cq` within `wait` (evidence that nothing was posted).
+void expect_no_completion(CompletionQueue& cq, std::chrono::milliseconds wait = 300ms);
+
+/// A completion in one line, for failure messages.
+std::string describe(const Completion& c);
+/// Success when `c` succeeded with this opcode and wr_id.
+::testing::AssertionResult completed(const Completion& c, WcOpcode opcode, std::uint64_t wr_id);
+/// Success when the post went through; otherwise says why and at which request.
+::testing::AssertionResult posted(const PostResult& r);
+/// Success when the post was refused by the library's own check `why` at request `index`, with nothing posted.
+::testing::AssertionResult rejected(const PostResult& r, Errc why, std::uint32_t index = 0);
+/// Byte-for-byte equality that names the first difference and how many bytes differ.
+::testing::AssertionResult same_bytes(std::span<const std::byte> got, std::span<const std::byte> want);
+/// Success when every byte of `got` is `value`.
+::testing::AssertionResult all_bytes(std::span<const std::byte> got, std::byte value);
+
+/// Runs `f` and returns the verbs::Error it threw, or empty (and a test failure) if it threw none.
+template <typename F>
+std::optional<Error> thrown_error(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a verbs::Error, but nothing was thrown";
+  return std::nullopt;
+}
+/// Success when `text` contains `part`.
+::testing::AssertionResult contains(std::string_view text, std::string_view part);
 
 /// Two queue pairs of the same type on one device, connected to each other, each with its own
 /// CQ. The defaults fail fast: timeout 12 (17 ms), retry 3 (rxe treats 7 as forever).
 struct QpPair {
-  QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options = {}, ConnectOptions connect = fast());
+  QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options = {}, ConnectOptions connect = fast(),
+         CqOptions cq_options = {.depth = 1024});
   static ConnectOptions fast() { return ConnectOptions{.timeout = 12, .retry_cnt = 3, .rnr_retry = 3}; }
 
   CompletionQueue cq_a, cq_b;
@@ -44,5 +83,7 @@ struct QpPair {
 
 /// Fills `bytes` with a pattern derived from `seed` (never all equal bytes).
 void fill_pattern(std::span<std::byte> bytes, unsigned seed);
+/// The pattern fill_pattern writes, as a vector.
+std::vector<std::byte> pattern(std::size_t size, unsigned seed);
 
 }  // namespace verbs::test

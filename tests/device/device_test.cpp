@@ -1,0 +1,183 @@
+// Device: opening, attributes, ports, the GID table and async events, on a real device.
+#include <arpa/inet.h>
+#include <endian.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <type_traits>
+
+#include "fixture.hpp"
+
+namespace {
+
+using namespace verbs::test;
+using verbs::Errc;
+using verbs::GidEntry;
+using verbs::GidType;
+
+static_assert(std::is_nothrow_move_constructible_v<verbs::Device> && std::is_nothrow_move_assignable_v<verbs::Device>);
+static_assert(std::is_nothrow_swappable_v<verbs::Device>);
+static_assert(!std::is_copy_constructible_v<verbs::Device> && !std::is_copy_assignable_v<verbs::Device>);
+
+class Device : public DeviceTest {};
+
+/// The interface that holds the IPv4 address `addr`, or empty.
+std::string netdev_with_address(const std::string& addr) {
+  in_addr want{};
+  if (::inet_pton(AF_INET, addr.c_str(), &want) != 1) return {};
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::string name;
+  for (const ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    in_addr have{};
+    std::memcpy(&have, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, sizeof have);  // NOLINT
+    if (have.s_addr == want.s_addr) name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
+}
+
+const char* env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+TEST_F(Device, OpenFirstGivesADeviceThatListDevicesReports) {
+  const verbs::Device first = verbs::Device::open_first();
+  EXPECT_FALSE(first.name().empty());
+  ASSERT_NE(first.native_handle(), nullptr);
+  const auto devices = verbs::list_devices();
+  ASSERT_FALSE(devices.empty());
+  EXPECT_EQ(devices.front().name, first.name());
+}
+
+TEST_F(Device, OpenByNameGivesThatDevice) {
+  const verbs::Device again = verbs::Device::open(dev->name());
+  EXPECT_EQ(again.name(), dev->name());
+  EXPECT_NE(again.native_handle(), dev->native_handle()) << "each open makes its own context";
+  EXPECT_EQ(again.attributes().orig_attr.node_guid, dev->attributes().orig_attr.node_guid);
+  const auto devices = verbs::list_devices();
+  const auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.name == dev->name(); });
+  ASSERT_NE(it, devices.end());
+  EXPECT_EQ(it->node_guid, be64toh(dev->attributes().orig_attr.node_guid)) << "DeviceInfo::node_guid is host order";
+}
+
+TEST_F(Device, OpenUnknownNameThrowsNoDeviceNamingThosePresent) {
+  const auto e = thrown_error([] { (void)verbs::Device::open("no-such-rdma-device"); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), make_error_code(Errc::no_device));
+  EXPECT_TRUE(contains(e->what(), "no-such-rdma-device"));
+  EXPECT_TRUE(contains(e->what(), dev->name())) << "the message lists the devices present";
+}
+
+TEST_F(Device, AttributesDescribeACapableDevice) {
+  const ibv_device_attr& a = dev->attributes().orig_attr;
+  EXPECT_GE(dev->port_count(), 1);
+  EXPECT_EQ(dev->port_count(), a.phys_port_cnt);
+  EXPECT_GT(a.max_qp, 0);
+  EXPECT_GE(a.max_qp_wr, 128) << "the library's default queue depth must fit";
+  EXPECT_GE(a.max_sge, 4) << "the multi-SGE tests need 4";
+  EXPECT_GE(a.max_cqe, 1024);
+  EXPECT_GT(a.max_mr_size, std::uint64_t{4} << 20);
+  EXPECT_NE(a.atomic_cap, IBV_ATOMIC_NONE) << "the atomic tests need atomics";
+  EXPECT_GT(a.max_srq, 0);
+}
+
+TEST_F(Device, PortOneIsActiveWithAnMtu) {
+  const verbs::PortInfo p = dev->port(1);
+  EXPECT_TRUE(p.active()) << "port state " << ibv_port_state_str(p.state);
+  EXPECT_EQ(p.port_num, 1);
+  EXPECT_GE(verbs::mtu_bytes(p.active_mtu), 256u);
+  EXPECT_LE(verbs::mtu_bytes(p.active_mtu), verbs::mtu_bytes(p.max_mtu));
+  EXPECT_GT(p.gid_table_len, 0u);
+  EXPECT_EQ(p.raw.state, p.state);
+  if (dev->name().starts_with("rxe")) { EXPECT_TRUE(p.is_ethernet()) << "SoftRoCE is RoCE"; }
+}
+
+TEST_F(Device, PortThatDoesNotExistThrows) {
+  const auto missing = static_cast<std::uint8_t>(dev->port_count() + 1);
+  const auto e = thrown_error([&] { (void)dev->port(missing); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument));
+  EXPECT_TRUE(contains(e->what(), "ibv_query_port"));
+}
+
+TEST_F(Device, GidTableHasRoceV2Ipv4MappedEntryOnTheTestNetdev) {
+  if (!dev->port(1).is_ethernet()) GTEST_SKIP() << dev->name() << " port 1 is InfiniBand: GIDs are not IP addresses";
+  const std::vector<GidEntry> table = dev->gid_table(1);
+  ASSERT_FALSE(table.empty());
+  for (const GidEntry& e : table) {
+    EXPECT_FALSE(e.gid.is_zero()) << "empty slots are left out (index " << e.index << ")";
+    EXPECT_LT(e.index, dev->port(1).gid_table_len);
+  }
+  EXPECT_TRUE(std::any_of(table.begin(), table.end(), [](const GidEntry& e) { return e.gid.raw[0] == 0xfe; }))
+      << "a RoCE port has a link-local fe80:: GID derived from its MAC";
+
+  const auto v4 = std::find_if(table.begin(), table.end(),
+                               [](const GidEntry& e) { return e.type == GidType::roce_v2 && e.gid.is_ipv4_mapped(); });
+  ASSERT_NE(v4, table.end()) << "no RoCE v2 IPv4-mapped GID: does the netdev have an IPv4 address?";
+  EXPECT_FALSE(v4->netdev.empty());
+  // scripts/rxe-vm sets VERBS_TEST_ADDR (192.0.2.1 on veth0); VERBS_TEST_NETDEV overrides the
+  // interface found for that address.
+  const std::string addr = env_or_empty("VERBS_TEST_ADDR");
+  if (addr.empty()) return;
+  EXPECT_EQ(v4->gid.to_string(), "::ffff:" + addr);
+  std::string netdev = env_or_empty("VERBS_TEST_NETDEV");
+  if (netdev.empty()) netdev = netdev_with_address(addr);
+  EXPECT_FALSE(netdev.empty()) << "no interface has " << addr;
+  EXPECT_EQ(v4->netdev, netdev);
+  std::cout << "[          ] " << v4->gid.to_string() << " is GID index " << v4->index << " on " << v4->netdev << " ("
+            << verbs::to_string(v4->type) << ")\n";
+}
+
+TEST_F(Device, ChooseGidPicksTheRoceV2Ipv4EntryAndSaysWhy) {
+  const verbs::GidChoice c = dev->choose_gid(1);
+  EXPECT_FALSE(c.reason.empty());
+  if (!dev->port(1).is_ethernet()) return;
+  EXPECT_EQ(c.entry.type, GidType::roce_v2);
+  EXPECT_TRUE(c.entry.gid.is_ipv4_mapped()) << c.entry.gid.to_string();
+  EXPECT_TRUE(contains(c.reason, "IPv4"));
+  const auto table = dev->gid_table(1);
+  const auto same =
+      std::find_if(table.begin(), table.end(), [&](const GidEntry& e) { return e.index == c.entry.index; });
+  ASSERT_NE(same, table.end());
+  EXPECT_EQ(same->gid, c.entry.gid);
+  EXPECT_EQ(same->netdev, c.entry.netdev);
+
+  // A queue pair addresses itself with the chosen GID unless told otherwise.
+  verbs::CompletionQueue cq(*dev);
+  const verbs::QueuePair qp(*pd, cq);
+  EXPECT_EQ(qp.gid_index(), c.entry.index);
+  EXPECT_EQ(qp.endpoint().gid, c.entry.gid);
+}
+
+TEST_F(Device, WaitAsyncEventTimesOutEmpty) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto ev = dev->wait_async_event(300ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(ev) << "unexpected async event " << ev->name();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 2300ms);
+}
+
+TEST_F(Device, MovedAndSwappedDevicesKeepWorking) {
+  verbs::Device other = verbs::Device::open(dev->name());
+  ibv_context* const ctx = other.native_handle();
+  verbs::Device moved(std::move(other));
+  EXPECT_EQ(moved.native_handle(), ctx);
+  EXPECT_TRUE(moved.port(1).active());
+  ibv_context* const mine = dev->native_handle();
+  swap(moved, *dev);
+  EXPECT_EQ(dev->native_handle(), ctx);
+  EXPECT_EQ(moved.native_handle(), mine);
+  EXPECT_EQ(moved.name(), dev->name());
+  const verbs::ProtectionDomain pd2(moved);  // the swapped-in context is fully usable
+  EXPECT_NE(pd2.native_handle(), nullptr);
+}
+
+}  // namespace

@@ -1,0 +1,181 @@
+// MemoryRegion: registration of spans, ranges and owned buffers, keys, slices and access checks.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+
+using namespace verbs::test;
+using verbs::Access;
+using verbs::Errc;
+
+static_assert(std::is_nothrow_move_constructible_v<verbs::MemoryRegion> &&
+              std::is_nothrow_move_assignable_v<verbs::MemoryRegion>);
+static_assert(std::is_nothrow_swappable_v<verbs::MemoryRegion> && std::is_nothrow_swappable_v<verbs::Buffer>);
+static_assert(!std::is_copy_constructible_v<verbs::MemoryRegion>);
+static_assert(std::is_trivially_copyable_v<verbs::LocalSlice> && std::is_trivially_copyable_v<verbs::RemoteSlice>);
+
+class MemoryRegion : public DeviceTest {};
+
+std::uint64_t address(const void* p) { return reinterpret_cast<std::uint64_t>(p); }  // NOLINT
+
+/// One anonymous page the process may only read.
+class ReadOnlyPage {
+ public:
+  ReadOnlyPage() : size_(static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  ~ReadOnlyPage() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  ReadOnlyPage(const ReadOnlyPage&) = delete;
+  ReadOnlyPage& operator=(const ReadOnlyPage&) = delete;
+  [[nodiscard]] std::span<std::byte> span() const { return {data_, data_ == nullptr ? 0 : size_}; }
+
+ private:
+  std::size_t size_;
+  std::byte* data_ = nullptr;
+};
+
+TEST_F(MemoryRegion, RegistersASpanAndReportsItsKeys) {
+  std::vector<std::byte> memory(5000);
+  const verbs::MemoryRegion mr(*pd, std::span(memory), Access::local_write | Access::remote_write);
+  EXPECT_EQ(mr.data(), memory.data());
+  EXPECT_EQ(mr.size(), memory.size());
+  EXPECT_EQ(mr.bytes().data(), memory.data());
+  EXPECT_EQ(mr.lkey(), mr.native_handle()->lkey);
+  EXPECT_EQ(mr.rkey(), mr.native_handle()->rkey);
+  EXPECT_NE(mr.rkey(), 0u) << "a region with remote access has an rkey";
+  EXPECT_EQ(mr.access(), Access::local_write | Access::remote_write);
+  EXPECT_EQ(mr.native_handle()->pd, pd->native_handle());
+  const verbs::RemoteSlice r = mr.remote();
+  EXPECT_EQ(r.addr, address(memory.data()));
+  EXPECT_EQ(r.length, memory.size());
+  EXPECT_EQ(r.rkey, mr.rkey());
+}
+
+TEST_F(MemoryRegion, RegistersAVectorOfIntegersByItsBytes) {
+  std::vector<std::uint64_t> words(512, 7);
+  const verbs::MemoryRegion mr(*pd, words, Access::local_write);
+  EXPECT_EQ(mr.data(), reinterpret_cast<std::byte*>(words.data()));  // NOLINT
+  EXPECT_EQ(mr.size(), words.size() * sizeof(std::uint64_t));
+  EXPECT_NE(mr.lkey(), 0u);
+  const verbs::LocalSlice s = mr.slice(8, 16);
+  EXPECT_EQ(s.addr(), address(&words[1]));
+}
+
+TEST_F(MemoryRegion, AllocateRegistersPageAlignedZeroedMemoryOfTheSize) {
+  const verbs::MemoryRegion mr = verbs::MemoryRegion::allocate(*pd, 10000, all_access);
+  ASSERT_NE(mr.data(), nullptr);
+  EXPECT_EQ(mr.size(), 10000u);
+  EXPECT_EQ(address(mr.data()) % static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), 0u);
+  EXPECT_TRUE(all_bytes(mr.bytes(), std::byte{0}));
+  EXPECT_EQ(mr.access(), all_access);
+  fill_pattern(mr.bytes(), 3);  // the memory is writable to its last byte
+  EXPECT_TRUE(same_bytes(mr.bytes(), pattern(10000, 3)));
+}
+
+TEST_F(MemoryRegion, SliceCarriesAddressLengthAndLkey) {
+  const verbs::MemoryRegion mr = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write);
+  const verbs::LocalSlice s = mr.slice(100, 50);
+  EXPECT_EQ(s.addr(), address(mr.data() + 100));
+  EXPECT_EQ(s.length(), 50u);
+  EXPECT_EQ(s.lkey(), mr.lkey());
+  EXPECT_EQ(s.data(), mr.data() + 100);
+  EXPECT_EQ(s.bytes().size(), 50u);
+  const verbs::LocalSlice whole = mr.slice();
+  EXPECT_EQ(whole.addr(), address(mr.data()));
+  EXPECT_EQ(whole.length(), 4096u);
+  EXPECT_EQ(mr.slice(4096, 0).length(), 0u) << "an empty slice at the end is inside";
+  EXPECT_EQ(mr.slice(4000, 96).length(), 96u);
+}
+
+TEST_F(MemoryRegion, SliceOutsideTheRegionThrowsLocalOutOfBounds) {
+  const verbs::MemoryRegion mr = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write);
+  const struct {
+    std::size_t offset, len;
+  } cases[] = {{4000, 97}, {4097, 0}, {0, 4097}, {1, 4096}, {SIZE_MAX, 2}, {2, SIZE_MAX}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(testing::Message() << "slice(" << c.offset << ", " << c.len << ")");
+    const auto e = thrown_error([&] { (void)mr.slice(c.offset, c.len); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), make_error_code(Errc::local_out_of_bounds));
+    EXPECT_TRUE(contains(e->what(), "4096 bytes")) << "the message gives the region's size";
+    EXPECT_FALSE(mr.try_slice(c.offset, c.len));
+  }
+}
+
+TEST_F(MemoryRegion, RemoteSliceOutsideTheRegionThrowsRemoteOutOfBounds) {
+  const verbs::MemoryRegion mr = verbs::MemoryRegion::allocate(*pd, 4096, all_access);
+  const verbs::RemoteSlice r = mr.remote();
+  EXPECT_EQ(r.slice(96, 4000), (verbs::RemoteSlice{r.addr + 96, 4000, r.rkey}));
+  EXPECT_EQ(r.slice(4000).length, 96u);
+  for (const auto& bad : {std::pair<std::uint64_t, std::uint64_t>{4000, 97}, {4097, 0}, {0, 4097}}) {
+    const std::uint64_t offset = bad.first, len = bad.second;  // clang 14 cannot capture bindings
+    const auto e = thrown_error([&] { (void)r.slice(offset, len); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), make_error_code(Errc::remote_out_of_bounds));
+    EXPECT_FALSE(r.try_slice(offset, len));
+  }
+}
+
+TEST_F(MemoryRegion, RemoteWriteOrAtomicWithoutLocalWriteIsRejectedWithAClearError) {
+  for (const verbs::AccessFlags access : {verbs::AccessFlags(Access::remote_write),
+                                          verbs::AccessFlags(Access::remote_atomic),
+                                          Access::remote_write | Access::remote_read}) {
+    const auto e = thrown_error([&] { (void)verbs::MemoryRegion::allocate(*pd, 4096, access); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), make_error_code(Errc::bad_argument));
+    EXPECT_TRUE(contains(e->what(), "require local_write"));
+  }
+  // Remote read alone needs no local write.
+  const verbs::MemoryRegion ok = verbs::MemoryRegion::allocate(*pd, 4096, Access::remote_read);
+  EXPECT_NE(ok.rkey(), 0u);
+}
+
+TEST_F(MemoryRegion, ReadOnlyPageWithLocalWriteFailsWithEfault) {
+  const ReadOnlyPage page;
+  ASSERT_FALSE(page.span().empty()) << "mmap failed";
+  const auto e = thrown_error([&] { verbs::MemoryRegion mr(*pd, page.span(), Access::local_write); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::bad_address));
+  EXPECT_EQ(e->context(), "ibv_reg_mr");
+  EXPECT_TRUE(contains(e->what(), "ibv_reg_mr"));
+}
+
+TEST_F(MemoryRegion, ReadOnlyPageRegistersWithoutWriteAccess) {
+  const ReadOnlyPage page;
+  ASSERT_FALSE(page.span().empty()) << "mmap failed";
+  const verbs::MemoryRegion mr(*pd, page.span(), Access::remote_read);
+  EXPECT_EQ(mr.data(), page.span().data());
+  EXPECT_EQ(mr.size(), page.span().size());
+}
+
+TEST_F(MemoryRegion, MoveAndSwapCarryTheRegistration) {
+  verbs::MemoryRegion a = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write);
+  verbs::MemoryRegion b = verbs::MemoryRegion::allocate(*pd, 8192, all_access);
+  const std::byte* const a_data = a.data();
+  const std::uint32_t a_lkey = a.lkey(), b_lkey = b.lkey();
+  verbs::MemoryRegion moved(std::move(a));
+  EXPECT_EQ(moved.data(), a_data);
+  EXPECT_EQ(moved.lkey(), a_lkey);
+  swap(moved, b);
+  EXPECT_EQ(b.lkey(), a_lkey);
+  EXPECT_EQ(b.size(), 4096u);
+  EXPECT_EQ(b.access(), Access::local_write);
+  EXPECT_EQ(moved.lkey(), b_lkey);
+  EXPECT_EQ(moved.size(), 8192u);
+  EXPECT_EQ(moved.access(), all_access);
+  fill_pattern(moved.bytes(), 9);  // the owned buffer travelled with it
+  b = std::move(moved);
+  EXPECT_EQ(b.lkey(), b_lkey);
+  EXPECT_TRUE(same_bytes(b.bytes(), pattern(8192, 9)));
+}
+
+}  // namespace

@@ -1,0 +1,471 @@
+// QueuePair: every RC operation between two QPs on one device, checked byte for byte; UC;
+// inline data; chains; and the checks that refuse a request before anything is posted.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+
+using namespace verbs::test;
+using verbs::Access;
+using verbs::Errc;
+using verbs::LocalSlice;
+using verbs::QpOptions;
+using verbs::QpState;
+using verbs::QpType;
+using verbs::RemoteSlice;
+using verbs::SendWr;
+using verbs::WcOpcode;
+
+static_assert(std::is_nothrow_move_constructible_v<verbs::QueuePair> &&
+              std::is_nothrow_move_assignable_v<verbs::QueuePair>);
+static_assert(std::is_nothrow_swappable_v<verbs::QueuePair>);
+static_assert(!std::is_copy_constructible_v<verbs::QueuePair> && !std::is_copy_assignable_v<verbs::QueuePair>);
+
+constexpr std::size_t kRegion = 64 * 1024;
+
+class QueuePair : public DeviceTest {
+ protected:
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    src.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
+    dst.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
+    fill_pattern(src->bytes(), 1);
+  }
+  /// RC with every remote right and 4 SGEs each way, unless `o` says otherwise.
+  static QpOptions rc(QpOptions o = {}) {
+    if (o.access.empty()) o.access = all_access;
+    o.max_send_sge = std::max(o.max_send_sge, 4u);
+    o.max_recv_sge = std::max(o.max_recv_sge, 4u);
+    return o;
+  }
+  [[nodiscard]] std::span<std::byte> s(std::size_t offset, std::size_t len) const {
+    return src->bytes().subspan(offset, len);
+  }
+  [[nodiscard]] std::span<std::byte> d(std::size_t offset, std::size_t len) const {
+    return dst->bytes().subspan(offset, len);
+  }
+  [[nodiscard]] std::uint64_t word(const verbs::MemoryRegion& mr, std::size_t offset) const {
+    std::uint64_t v = 0;
+    std::memcpy(&v, mr.data() + offset, sizeof v);
+    return v;
+  }
+  void set_word(const verbs::MemoryRegion& mr, std::size_t offset, std::uint64_t v) const {
+    std::memcpy(mr.data() + offset, &v, sizeof v);
+  }
+
+  std::optional<verbs::MemoryRegion> src, dst;
+};
+
+/// The bytes of several slices, one after the other.
+std::vector<std::byte> concat(std::span<const LocalSlice> slices) {
+  std::vector<std::byte> out;
+  for (const LocalSlice& x : slices) out.insert(out.end(), x.bytes().begin(), x.bytes().end());
+  return out;
+}
+
+TEST_F(QueuePair, StartsInResetAndItsEndpointDescribesIt) {
+  verbs::CompletionQueue cq(*dev);
+  verbs::QueuePair qp(*pd, cq, rc());
+  EXPECT_EQ(qp.state(), QpState::reset);
+  EXPECT_EQ(qp.query_state(), QpState::reset);
+  EXPECT_EQ(qp.type(), QpType::rc);
+  const verbs::Endpoint e = qp.endpoint();
+  EXPECT_EQ(e.qp_num, qp.native_handle()->qp_num);
+  EXPECT_EQ(e.qp_num, qp.qp_num());
+  EXPECT_LE(e.psn, 0xffffffu);
+  EXPECT_EQ(e.mtu, dev->port(1).active_mtu);
+  if (dev->port(1).is_ethernet()) { EXPECT_EQ(e.gid, dev->choose_gid(1).entry.gid); }
+  EXPECT_GE(qp.max_send_sge(), 4u);
+  EXPECT_GE(qp.max_recv_sge(), 4u);
+  EXPECT_GE(qp.max_send_wr(), 128u);
+  EXPECT_EQ(verbs::Endpoint::decode(e.encode()), e);
+}
+
+TEST_F(QueuePair, ConnectBringsBothSidesToRts) {
+  QpPair p(*dev, *pd, rc());
+  EXPECT_EQ(p.a.state(), QpState::rts);
+  EXPECT_EQ(p.a.query_state(), QpState::rts);
+  EXPECT_EQ(p.b.query_state(), QpState::rts);
+}
+
+TEST_F(QueuePair, RdmaWriteLandsByteForByte) {
+  QpPair p(*dev, *pd, rc());
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(10, 3000), dst->remote().slice(100), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(d(100, 3000), s(10, 3000)));
+  EXPECT_TRUE(all_bytes(d(0, 100), std::byte{0})) << "bytes before the target were touched";
+  EXPECT_TRUE(all_bytes(d(3100, 100), std::byte{0})) << "bytes after the target were touched";
+  expect_no_completion(p.cq_b, 50ms);  // a plain write consumes no receive and completes nothing there
+}
+
+TEST_F(QueuePair, WriteWithImmediateDeliversTheImmInHostOrderToAZeroSgeReceive) {
+  QpPair p(*dev, *pd, rc());
+  ASSERT_TRUE(posted(p.b.post_recv(std::span<const LocalSlice>{}, 77)));
+  constexpr std::uint32_t imm = 0x12345678;
+  ASSERT_TRUE(posted(p.a.post_write_imm(src->slice(0, 2000), dst->remote().slice(64), imm, {.wr_id = 2})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 2));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv_rdma_with_imm, 77));
+  ASSERT_TRUE(r.imm_data());
+  EXPECT_EQ(*r.imm_data(), imm);
+  EXPECT_EQ(r.native().imm_data, htonl(imm)) << "the raw field is in network order";
+  EXPECT_EQ(r.byte_len(), 2000u);
+  EXPECT_EQ(r.qp_num(), p.b.qp_num());
+  EXPECT_TRUE(same_bytes(d(64, 2000), s(0, 2000)));
+}
+
+TEST_F(QueuePair, RdmaReadFetchesTheRemoteBytes) {
+  QpPair p(*dev, *pd, rc());
+  fill_pattern(dst->bytes(), 2);
+  const std::vector<std::byte> before(dst->bytes().begin(), dst->bytes().end());
+  ASSERT_TRUE(posted(p.a.post_read(src->slice(1000, 5000), dst->remote().slice(7), {.wr_id = 3})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_read, 3));
+  EXPECT_TRUE(same_bytes(s(1000, 5000), std::span(before).subspan(7, 5000)));
+  EXPECT_TRUE(same_bytes(dst->bytes(), before)) << "a read changed the remote memory";
+}
+
+TEST_F(QueuePair, SendLandsInThePostedReceive) {
+  QpPair p(*dev, *pd, rc());
+  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(512, 4096), 9)));
+  ASSERT_TRUE(posted(p.a.post_send(src->slice(3, 1500), {.wr_id = 4})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 4));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 9));
+  EXPECT_EQ(r.byte_len(), 1500u);
+  EXPECT_FALSE(r.imm_data());
+  EXPECT_EQ(r.qp_num(), p.b.qp_num());
+  EXPECT_TRUE(same_bytes(d(512, 1500), s(3, 1500)));
+  EXPECT_TRUE(all_bytes(d(2012, 100), std::byte{0})) << "the receive wrote past the message";
+}
+
+TEST_F(QueuePair, SendWithImmediateCarriesTheImmediate) {
+  QpPair p(*dev, *pd, rc());
+  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 1024), 10)));
+  ASSERT_TRUE(posted(p.a.post_send_imm(src->slice(0, 700), 0xdeadbeef, {.wr_id = 5})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 5));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 10));
+  ASSERT_TRUE(r.imm_data());
+  EXPECT_EQ(*r.imm_data(), 0xdeadbeefu);
+  EXPECT_EQ(r.byte_len(), 700u);
+  EXPECT_TRUE(same_bytes(d(0, 700), s(0, 700)));
+}
+
+TEST_F(QueuePair, FetchAddReturnsTheOldValueAndAddsRemotely) {
+  QpPair p(*dev, *pd, rc());
+  set_word(*dst, 64, 1000);
+  set_word(*src, 128, 0xffffffffffffffff);
+  ASSERT_TRUE(posted(p.a.post_fetch_add(src->slice(128, 8), dst->remote().slice(64, 8), 42, {.wr_id = 6})));
+  const verbs::Completion c = expect_completion(p.cq_a);
+  EXPECT_TRUE(completed(c, WcOpcode::fetch_add, 6));
+  EXPECT_EQ(word(*src, 128), 1000u) << "the old value";
+  EXPECT_EQ(word(*dst, 64), 1042u) << "the remote value";
+
+  ASSERT_TRUE(posted(p.a.post_fetch_add(src->slice(136, 8), dst->remote().slice(64, 8), 0x100000000, {.wr_id = 7})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::fetch_add, 7));
+  EXPECT_EQ(word(*src, 136), 1042u);
+  EXPECT_EQ(word(*dst, 64), 0x100000000u + 1042u) << "the add is 64 bits wide";
+  EXPECT_TRUE(all_bytes(d(56, 8), std::byte{0}));
+  EXPECT_TRUE(all_bytes(d(72, 8), std::byte{0}));
+}
+
+TEST_F(QueuePair, CompareSwapReturnsTheOldValueAndSwapsOnlyOnAMatch) {
+  QpPair p(*dev, *pd, rc());
+  set_word(*dst, 0, 0xaaaa5555aaaa5555);
+  ASSERT_TRUE(posted(p.a.post_compare_swap(src->slice(0, 8), dst->remote().slice(0, 8), 0xaaaa5555aaaa5555,
+                                           0x0123456789abcdef, {.wr_id = 8})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::comp_swap, 8));
+  EXPECT_EQ(word(*src, 0), 0xaaaa5555aaaa5555u);
+  EXPECT_EQ(word(*dst, 0), 0x0123456789abcdefu) << "matched: swapped";
+
+  ASSERT_TRUE(posted(
+      p.a.post_compare_swap(src->slice(8, 8), dst->remote().slice(0, 8), 0xaaaa5555aaaa5555, 7, {.wr_id = 9})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::comp_swap, 9));
+  EXPECT_EQ(word(*src, 8), 0x0123456789abcdefu) << "the old value comes back even without a swap";
+  EXPECT_EQ(word(*dst, 0), 0x0123456789abcdefu) << "no match: unchanged";
+}
+
+TEST_F(QueuePair, WriteGathersThreeUnequalSlices) {
+  QpPair p(*dev, *pd, rc());
+  const std::array<LocalSlice, 3> parts{src->slice(0, 100), src->slice(1000, 2000), src->slice(5001, 37)};
+  const std::vector<std::byte> want = concat(parts);
+  ASSERT_EQ(want.size(), 2137u);
+  ASSERT_TRUE(posted(p.a.post_write(parts, dst->remote().slice(300, 2137), {.wr_id = 11})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 11));
+  EXPECT_TRUE(same_bytes(d(300, 2137), want));
+  EXPECT_EQ(dst->bytes()[299], std::byte{0});
+  EXPECT_EQ(dst->bytes()[300 + 2137], std::byte{0});
+}
+
+TEST_F(QueuePair, ReadScattersIntoThreeUnequalSlices) {
+  QpPair p(*dev, *pd, rc());
+  fill_pattern(dst->bytes(), 3);
+  std::fill(src->bytes().begin(), src->bytes().end(), std::byte{0});
+  const std::array<LocalSlice, 3> parts{src->slice(0, 300), src->slice(700, 17), src->slice(2000, 1500)};
+  ASSERT_TRUE(posted(p.a.post_read(parts, dst->remote().slice(10, 1817), {.wr_id = 12})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_read, 12));
+  EXPECT_TRUE(same_bytes(s(0, 300), d(10, 300)));
+  EXPECT_TRUE(same_bytes(s(700, 17), d(310, 17)));
+  EXPECT_TRUE(same_bytes(s(2000, 1500), d(327, 1500)));
+  EXPECT_TRUE(all_bytes(s(300, 400), std::byte{0}));
+  EXPECT_TRUE(all_bytes(s(717, 1283), std::byte{0}));
+  EXPECT_TRUE(all_bytes(s(3500, 100), std::byte{0}));
+}
+
+TEST_F(QueuePair, SendGathersUnequalSlicesAndTheReceiveScattersThem) {
+  QpPair p(*dev, *pd, rc());
+  const std::array<LocalSlice, 3> out{src->slice(0, 200), src->slice(300, 100), src->slice(600, 51)};
+  const std::vector<std::byte> want = concat(out);
+  const std::array<LocalSlice, 2> in{dst->slice(0, 10), dst->slice(100, 500)};
+  ASSERT_TRUE(posted(p.b.post_recv(in, 13)));
+  ASSERT_TRUE(posted(p.a.post_send(out, {.wr_id = 14})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 14));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 13));
+  EXPECT_EQ(r.byte_len(), 351u);
+  EXPECT_TRUE(same_bytes(d(0, 10), std::span(want).first(10)));
+  EXPECT_TRUE(same_bytes(d(100, 341), std::span(want).subspan(10)));
+  EXPECT_TRUE(all_bytes(d(10, 90), std::byte{0}));
+  EXPECT_TRUE(all_bytes(d(441, 200), std::byte{0}));
+}
+
+TEST_F(QueuePair, ChainOfSixteenWithOnlyTheLastSignaledCompletesOnce) {
+  QpPair p(*dev, *pd, rc());
+  std::vector<SendWr> chain;
+  for (std::uint64_t i = 0; i < 16; ++i)
+    chain.push_back(SendWr::write(src->slice(i * 1000, 1000), dst->remote().slice(i * 1000 + 1),
+                                  {.wr_id = 100 + i, .signaled = i == 15}));
+  ASSERT_TRUE(posted(p.a.post(chain)));
+  const auto got = collect(p.cq_a, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(completed(got[0], WcOpcode::rdma_write, 115));
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(same_bytes(d(1, 16000), s(0, 16000)));
+  EXPECT_EQ(dst->bytes()[0], std::byte{0});
+}
+
+TEST_F(QueuePair, InlineSendIsCopiedAtPostTime) {
+  QpPair p(*dev, *pd, rc({.max_inline_data = 256}));
+  ASSERT_GE(p.a.max_inline_data(), 256u);
+  const std::vector<std::byte> sent(s(0, 200).begin(), s(0, 200).end());
+  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 1024), 15)));
+  ASSERT_TRUE(posted(p.a.post_send(src->slice(0, 200), {.wr_id = 16, .inline_data = true})));
+  fill_pattern(s(0, 200), 99);  // overwrite the source at once: the data already sits in the WQE
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 16));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 15));
+  EXPECT_EQ(r.byte_len(), 200u);
+  EXPECT_TRUE(same_bytes(d(0, 200), sent));
+}
+
+TEST_F(QueuePair, InlineWriteIsCopiedAtPostTime) {
+  QpPair p(*dev, *pd, rc({.max_inline_data = 256}));
+  const std::vector<std::byte> sent(s(1000, 256).begin(), s(1000, 256).end());
+  // The CPU copies inline data into the WQE, so the lkey is not used: 0 must do.
+  const LocalSlice no_key(reinterpret_cast<std::uint64_t>(src->data() + 1000), 256, 0);  // NOLINT
+  ASSERT_TRUE(posted(p.a.post_write(no_key, dst->remote().slice(8), {.wr_id = 17, .inline_data = true})));
+  std::fill(s(1000, 256).begin(), s(1000, 256).end(), std::byte{0xee});
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 17));
+  EXPECT_TRUE(same_bytes(d(8, 256), sent));
+}
+
+TEST_F(QueuePair, InlineOverMaxInlineDataIsRejectedAndNothingIsPosted) {
+  QpPair p(*dev, *pd, rc({.max_inline_data = 64}));
+  const std::uint32_t too_big = p.a.max_inline_data() + 1;
+  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 4096), 18)));
+  const verbs::PostOptions inline_data{.wr_id = 19, .inline_data = true};
+  EXPECT_TRUE(rejected(p.a.post_send(src->slice(0, too_big), inline_data), Errc::inline_too_large));
+  EXPECT_TRUE(rejected(p.a.post_write(src->slice(0, too_big), dst->remote().slice(8192), inline_data),
+                       Errc::inline_too_large));
+  expect_no_completion(p.cq_a);
+  expect_no_completion(p.cq_b, 50ms);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+
+  // The receive is still waiting, so the first send that does arrive is the next one.
+  ASSERT_TRUE(posted(p.a.post_send(src->slice(5000, 10), {.wr_id = 21})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 21));
+  const verbs::Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 18));
+  EXPECT_EQ(r.byte_len(), 10u);
+  EXPECT_TRUE(same_bytes(d(0, 10), s(5000, 10)));
+}
+
+TEST_F(QueuePair, InlineSizeOverTheDeviceLimitFailsAtCreation) {
+  verbs::CompletionQueue cq(*dev);
+  const auto e = thrown_error([&] { verbs::QueuePair qp(*pd, cq, rc({.max_inline_data = 1u << 20})); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument));
+  EXPECT_EQ(e->context(), "ibv_create_qp");
+}
+
+TEST_F(QueuePair, FourMebibyteWriteLandsIntact) {
+  constexpr std::size_t size = std::size_t{4} << 20;
+  const verbs::MemoryRegion big_src = verbs::MemoryRegion::allocate(*pd, size, all_access);
+  const verbs::MemoryRegion big_dst = verbs::MemoryRegion::allocate(*pd, size, all_access);
+  fill_pattern(big_src.bytes(), 4);
+  QpPair p(*dev, *pd, rc());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(posted(p.a.post_write(big_src.slice(), big_dst.remote(), {.wr_id = 22})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a, 30s), WcOpcode::rdma_write, 22));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  EXPECT_TRUE(same_bytes(big_dst.bytes(), big_src.bytes()));
+  std::cout << "[          ] 4 MiB write took " << ms.count() << " ms\n";
+}
+
+TEST_F(QueuePair, UcWriteLands) {
+  QpPair p(*dev, *pd, {.type = QpType::uc, .access = Access::local_write | Access::remote_write});
+  EXPECT_EQ(p.a.type(), QpType::uc);
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 3000), dst->remote().slice(5), {.wr_id = 23})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 23));
+  // UC has no acknowledgements: the sender's completion does not prove arrival, so wait for the bytes.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (d(5, 3000).back() != s(0, 3000).back() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(same_bytes(d(5, 3000), s(0, 3000)));
+}
+
+TEST_F(QueuePair, UcReadAndAtomicsAreRejectedAsWrongQpType) {
+  QpPair p(*dev, *pd, {.type = QpType::uc, .access = Access::local_write | Access::remote_write});
+  fill_pattern(dst->bytes(), 5);
+  const std::vector<std::byte> before(src->bytes().begin(), src->bytes().end());
+  EXPECT_TRUE(rejected(p.a.post_read(src->slice(0, 100), dst->remote(), {.wr_id = 24}), Errc::wrong_qp_type));
+  EXPECT_TRUE(
+      rejected(p.a.post_fetch_add(src->slice(0, 8), dst->remote().slice(0, 8), 1, {.wr_id = 25}), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(p.a.post_compare_swap(src->slice(0, 8), dst->remote().slice(0, 8), 0, 1, {.wr_id = 26}),
+                       Errc::wrong_qp_type));
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(same_bytes(src->bytes(), before));
+}
+
+TEST_F(QueuePair, RemoteSliceTooSmallIsRejectedAndNothingIsPosted) {
+  QpPair p(*dev, *pd, rc());
+  EXPECT_TRUE(rejected(p.a.post_write(src->slice(0, 100), dst->remote().slice(0, 99), {.wr_id = 27}),
+                       Errc::remote_too_small));
+  EXPECT_TRUE(rejected(p.a.post_write_imm(src->slice(0, 100), dst->remote().slice(0, 1), 5, {.wr_id = 28}),
+                       Errc::remote_too_small));
+  EXPECT_TRUE(
+      rejected(p.a.post_read(dst->slice(0, 100), src->remote().slice(0, 50), {.wr_id = 29}), Errc::remote_too_small));
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+  // An exact fit is fine.
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 100), dst->remote().slice(0, 100), {.wr_id = 30})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 30));
+}
+
+TEST_F(QueuePair, MisalignedAtomicIsRejected) {
+  QpPair p(*dev, *pd, rc());
+  EXPECT_TRUE(rejected(p.a.post_fetch_add(src->slice(0, 8), dst->remote().slice(4, 8), 1, {.wr_id = 31}),
+                       Errc::atomic_misaligned));
+  EXPECT_TRUE(rejected(p.a.post_compare_swap(src->slice(0, 8), dst->remote().slice(12, 8), 0, 1, {.wr_id = 32}),
+                       Errc::atomic_misaligned));
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+}
+
+TEST_F(QueuePair, AtomicOnOtherThanEightBytesIsRejected) {
+  QpPair p(*dev, *pd, rc());
+  EXPECT_TRUE(rejected(p.a.post_fetch_add(src->slice(0, 8), dst->remote().slice(0, 4), 1, {.wr_id = 33}),
+                       Errc::atomic_length));
+  EXPECT_TRUE(rejected(p.a.post_fetch_add(src->slice(0, 16), dst->remote().slice(0, 8), 1, {.wr_id = 34}),
+                       Errc::atomic_length));
+  EXPECT_TRUE(rejected(p.a.post_compare_swap(src->slice(0, 4), dst->remote().slice(0, 8), 0, 1, {.wr_id = 35}),
+                       Errc::atomic_length));
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+}
+
+TEST_F(QueuePair, MoreSgesThanTheQpHasIsRejected) {
+  QpPair p(*dev, *pd, rc());
+  const std::vector<LocalSlice> send_sges(p.a.max_send_sge() + 1, src->slice(0, 8));
+  EXPECT_TRUE(rejected(p.a.post_write(send_sges, dst->remote(), {.wr_id = 36}), Errc::too_many_sge));
+  EXPECT_TRUE(rejected(p.a.post_send(send_sges, {.wr_id = 37}), Errc::too_many_sge));
+  EXPECT_TRUE(rejected(p.a.post_read(std::vector<LocalSlice>(p.a.max_send_sge() + 1, dst->slice(0, 8)), src->remote(),
+                                     {.wr_id = 38}),
+                       Errc::too_many_sge));
+  const std::vector<LocalSlice> recv_sges(p.b.max_recv_sge() + 1, dst->slice(0, 8));
+  EXPECT_TRUE(rejected(p.b.post_recv(recv_sges, 39), Errc::too_many_sge));
+  expect_no_completion(p.cq_a);
+  expect_no_completion(p.cq_b, 50ms);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+  // Exactly max_send_sge is fine.
+  const std::vector<LocalSlice> most(p.a.max_send_sge(), src->slice(0, 8));
+  ASSERT_TRUE(posted(p.a.post_write(most, dst->remote(), {.wr_id = 40})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 40));
+}
+
+TEST_F(QueuePair, PostingSendsBeforeRtsIsRejectedWithBadQpState) {
+  verbs::CompletionQueue cq(*dev, {.depth = 64});
+  verbs::CompletionQueue peer_cq(*dev, {.depth = 64});
+  verbs::QueuePair qp(*pd, cq, rc());
+  verbs::QueuePair peer(*pd, peer_cq, rc());
+  const auto try_all = [&](std::uint64_t id) {
+    EXPECT_TRUE(rejected(qp.post_write(src->slice(0, 8), dst->remote(), {.wr_id = id}), Errc::bad_qp_state));
+    EXPECT_TRUE(rejected(qp.post_send(src->slice(0, 8), {.wr_id = id + 1}), Errc::bad_qp_state));
+    std::vector<SendWr> chain{SendWr::write(src->slice(0, 8), dst->remote(), {.wr_id = id + 2})};
+    EXPECT_TRUE(rejected(qp.post(chain), Errc::bad_qp_state));
+  };
+  ASSERT_EQ(qp.query_state(), QpState::reset);
+  try_all(41);
+  EXPECT_TRUE(rejected(qp.post_recv(dst->slice(0, 8), 44), Errc::bad_qp_state)) << "no receives in RESET";
+  qp.to_init();
+  ASSERT_EQ(qp.query_state(), QpState::init);
+  try_all(45);
+  qp.to_rtr(peer.endpoint(), QpPair::fast());
+  ASSERT_EQ(qp.query_state(), QpState::rtr);
+  try_all(48);
+  expect_no_completion(cq);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+}
+
+TEST_F(QueuePair, BadRequestMidChainRejectsTheWholeChain) {
+  QpPair p(*dev, *pd, rc());
+  std::vector<SendWr> chain;
+  for (std::uint64_t i = 0; i < 5; ++i)
+    chain.push_back(SendWr::write(src->slice(i * 100, 100), dst->remote().slice(i * 100, i == 2 ? 50 : 100),
+                                  {.wr_id = 200 + i}));
+  EXPECT_TRUE(rejected(p.a.post(chain), Errc::remote_too_small, 2));
+
+  chain[2] = SendWr::write(src->slice(200, 100), dst->remote().slice(200, 100), {.wr_id = 202});
+  chain.push_back(SendWr::fetch_add(src->slice(1000, 8), dst->remote().slice(1001, 8), 1, {.wr_id = 205}));
+  chain.push_back(SendWr::write(src->slice(600, 100), dst->remote().slice(600, 100), {.wr_id = 206}));
+  EXPECT_TRUE(rejected(p.a.post(chain), Errc::atomic_misaligned, 5));
+
+  expect_no_completion(p.cq_a);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0})) << "part of a rejected chain was executed";
+
+  // Fixed, the same chain goes through whole.
+  chain[5] = SendWr::fetch_add(src->slice(1000, 8), dst->remote().slice(1000, 8), 1, {.wr_id = 205});
+  ASSERT_TRUE(posted(p.a.post(chain)));
+  const auto got = collect(p.cq_a, 7);
+  ASSERT_EQ(got.size(), 7u);
+  for (std::size_t i = 0; i < 7; ++i)
+    EXPECT_TRUE(completed(got[i], i == 5 ? WcOpcode::fetch_add : WcOpcode::rdma_write, 200 + i));
+  EXPECT_TRUE(same_bytes(d(0, 500), s(0, 500)));
+  EXPECT_TRUE(same_bytes(d(600, 100), s(600, 100)));
+  EXPECT_EQ(word(*dst, 1000), 1u);
+  expect_no_completion(p.cq_a, 100ms);
+}
+
+TEST_F(QueuePair, MovedAndSwappedQueuePairsKeepWorking) {
+  QpPair p(*dev, *pd, rc());
+  const std::uint32_t qpn = p.a.qp_num();
+  verbs::QueuePair moved(std::move(p.a));
+  EXPECT_EQ(moved.qp_num(), qpn);
+  EXPECT_EQ(moved.state(), QpState::rts);
+  swap(moved, p.a);
+  EXPECT_EQ(p.a.qp_num(), qpn);
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), dst->remote(), {.wr_id = 50})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 50));
+  EXPECT_TRUE(same_bytes(d(0, 64), s(0, 64)));
+}
+
+}  // namespace

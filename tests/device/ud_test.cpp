@@ -1,0 +1,133 @@
+// Unreliable datagrams: sends through an AddressHandle arrive after the 40-byte GRH, and a
+// reply goes back through AddressHandle::reply_to.
+#include <type_traits>
+
+#include "fixture.hpp"
+
+namespace {
+
+using namespace verbs::test;
+using verbs::Completion;
+using verbs::Errc;
+using verbs::QpType;
+using verbs::SendWr;
+using verbs::WcOpcode;
+
+static_assert(std::is_nothrow_move_constructible_v<verbs::AddressHandle> &&
+              std::is_nothrow_move_assignable_v<verbs::AddressHandle>);
+static_assert(std::is_nothrow_swappable_v<verbs::AddressHandle>);
+
+constexpr std::uint32_t kGrh = 40;
+
+class UnreliableDatagram : public DeviceTest {
+ protected:
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    p.emplace(*dev, *pd, verbs::QpOptions{.type = QpType::ud});
+    src.emplace(verbs::MemoryRegion::allocate(*pd, 16 * 1024, verbs::Access::local_write));
+    dst.emplace(verbs::MemoryRegion::allocate(*pd, 16 * 1024, verbs::Access::local_write));
+    fill_pattern(src->bytes(), 1);
+  }
+  /// An address handle from a's port to b.
+  [[nodiscard]] verbs::AddressHandle ah_to_b() const {
+    const verbs::Endpoint b = p->b.endpoint();
+    return verbs::AddressHandle(
+        *pd, {.dgid = b.gid, .dlid = b.lid, .sgid_index = static_cast<std::uint8_t>(p->a.gid_index())});
+  }
+
+  std::optional<QpPair> p;
+  std::optional<verbs::MemoryRegion> src, dst;
+};
+
+TEST_F(UnreliableDatagram, SendArrivesAfterTheFortyByteGrh) {
+  ASSERT_EQ(p->a.query_state(), verbs::QpState::rts);
+  ASSERT_EQ(p->a.type(), QpType::ud);
+  const verbs::AddressHandle ah = ah_to_b();
+  ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 1024), 1)));
+  SendWr w = SendWr::send(src->slice(0, 300), {.wr_id = 2});
+  w.to(ah, p->b.qp_num(), p->b.endpoint().qkey);
+  ASSERT_TRUE(posted(p->a.post(w)));
+  EXPECT_TRUE(completed(expect_completion(p->cq_a), WcOpcode::send, 2));
+  const Completion r = expect_completion(p->cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 1));
+  EXPECT_EQ(r.byte_len(), 300 + kGrh) << "byte_len counts the GRH";
+  EXPECT_TRUE(r.has_grh());
+  EXPECT_EQ(r.src_qp(), p->a.qp_num());
+  EXPECT_EQ(r.qp_num(), p->b.qp_num());
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(kGrh, 300), src->bytes().first(300)));
+  EXPECT_TRUE(all_bytes(dst->bytes().subspan(kGrh + 300, 100), std::byte{0}));
+}
+
+TEST_F(UnreliableDatagram, ReplyGoesBackThroughAnAddressHandleMadeFromTheCompletion) {
+  const verbs::AddressHandle ah = ah_to_b();
+  ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 512), 3)));
+  ASSERT_TRUE(posted(p->a.post_recv(dst->slice(4096, kGrh + 512), 4)));
+  SendWr ask = SendWr::send(src->slice(0, 64), {.wr_id = 5});
+  ask.to(ah, p->b.qp_num(), p->b.endpoint().qkey);
+  ASSERT_TRUE(posted(p->a.post(ask)));
+  EXPECT_TRUE(completed(expect_completion(p->cq_a), WcOpcode::send, 5));
+  const Completion got = expect_completion(p->cq_b);
+  ASSERT_TRUE(completed(got, WcOpcode::recv, 3));
+
+  const verbs::AddressHandle back = verbs::AddressHandle::reply_to(*pd, got, dst->data());
+  ASSERT_NE(back.native_handle(), nullptr);
+  SendWr answer = SendWr::send(src->slice(1000, 500), {.wr_id = 6});
+  answer.to(back, got.src_qp(), p->a.endpoint().qkey);
+  ASSERT_TRUE(posted(p->b.post(answer)));
+  EXPECT_TRUE(completed(expect_completion(p->cq_b), WcOpcode::send, 6));
+  const Completion reply = expect_completion(p->cq_a);
+  ASSERT_TRUE(completed(reply, WcOpcode::recv, 4));
+  EXPECT_EQ(reply.byte_len(), 500 + kGrh);
+  EXPECT_EQ(reply.src_qp(), p->b.qp_num());
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(4096 + kGrh, 500), src->bytes().subspan(1000, 500)));
+}
+
+TEST_F(UnreliableDatagram, SendWithImmediateCarriesTheImmediate) {
+  const verbs::AddressHandle ah = ah_to_b();
+  ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 128), 7)));
+  SendWr w = SendWr::send_imm(src->slice(0, 128), 0xcafe0001, {.wr_id = 8});
+  ASSERT_TRUE(posted(p->a.post(w.to(ah, p->b.qp_num(), p->b.endpoint().qkey))));
+  EXPECT_TRUE(completed(expect_completion(p->cq_a), WcOpcode::send, 8));
+  const Completion r = expect_completion(p->cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 7));
+  ASSERT_TRUE(r.imm_data());
+  EXPECT_EQ(*r.imm_data(), 0xcafe0001u);
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(kGrh, 128), src->bytes().first(128)));
+}
+
+TEST_F(UnreliableDatagram, UnaddressedSendAndRdmaAreRejectedAsWrongQpType) {
+  const verbs::RemoteSlice somewhere{reinterpret_cast<std::uint64_t>(dst->data()), 4096, dst->rkey()};  // NOLINT
+  ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 128), 9)));
+  EXPECT_TRUE(rejected(p->a.post_send(src->slice(0, 16), {.wr_id = 10}), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(p->a.post_write(src->slice(0, 16), somewhere, {.wr_id = 11}), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(p->a.post_read(src->slice(0, 16), somewhere, {.wr_id = 12}), Errc::wrong_qp_type));
+  expect_no_completion(p->cq_a);
+  expect_no_completion(p->cq_b, 50ms);
+}
+
+TEST_F(UnreliableDatagram, SendWithAWrongQkeyIsSilentlyDropped) {
+  const verbs::AddressHandle ah = ah_to_b();
+  ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 128), 13)));
+  SendWr wrong = SendWr::send(src->slice(0, 100), {.wr_id = 14});
+  ASSERT_TRUE(posted(p->a.post(wrong.to(ah, p->b.qp_num(), p->b.endpoint().qkey + 1))));
+  EXPECT_TRUE(completed(expect_completion(p->cq_a), WcOpcode::send, 14)) << "UD senders learn nothing";
+  expect_no_completion(p->cq_b);
+
+  SendWr right = SendWr::send(src->slice(200, 100), {.wr_id = 15});
+  ASSERT_TRUE(posted(p->a.post(right.to(ah, p->b.qp_num(), p->b.endpoint().qkey))));
+  EXPECT_TRUE(completed(expect_completion(p->cq_a), WcOpcode::send, 15));
+  const Completion r = expect_completion(p->cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 13));
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(kGrh, 100), src->bytes().subspan(200, 100)));
+}
+
+TEST_F(UnreliableDatagram, AddressHandleWithoutAGidIsRefusedOnRoce) {
+  if (!dev->port(1).is_ethernet()) GTEST_SKIP() << "InfiniBand port: an AH without a GID is valid there";
+  const auto e = thrown_error([&] { verbs::AddressHandle ah(*pd, verbs::AhOptions{}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument));
+  EXPECT_EQ(e->context(), "ibv_create_ah");
+}
+
+}  // namespace
