@@ -229,8 +229,9 @@ Endpoint::Wire Endpoint::encode() const noexcept {
   w[0] = kMagic0;
   w[1] = kMagic1;
   w[2] = kVersion;
-  put_le(&w[4], qp_num, 4);
-  put_le(&w[8], psn, 4);
+  // Both are 24-bit fields on the wire protocol; decode() rejects anything wider.
+  put_le(&w[4], qp_num & 0xffffffu, 4);
+  put_le(&w[8], psn & 0xffffffu, 4);
   put_le(&w[12], qkey, 4);
   put_le(&w[16], lid, 2);
   w[18] = static_cast<std::byte>(mtu);

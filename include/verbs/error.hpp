@@ -124,11 +124,13 @@ T* check_ptr(T* p, std::string_view verb, SourceLocation where = SourceLocation:
   return p;
 }
 
-/// rc 0: success; rc > 0: the errno itself; rc < 0: errno (or -rc when errno is unset).
+/// rc 0: success; rc > 0: the errno itself; rc == -1: errno (EIO if unset); rc < -1: -rc
+/// (a negated errno, as some providers' poll_cq return, whatever errno still holds).
 inline int rc_to_errno(int rc) noexcept {
   if (rc == 0) return 0;
   if (rc > 0) return rc;
-  return errno != 0 ? errno : -rc;
+  if (rc == -1) return errno != 0 ? errno : EIO;
+  return -rc;
 }
 
 inline void check_rc(int rc, std::string_view verb, SourceLocation where = SourceLocation::current()) {

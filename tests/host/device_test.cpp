@@ -1,0 +1,174 @@
+// device.hpp without a device: what a user sees on a host with no RDMA device, and the Gid and
+// Mtu helpers. The no-device cases skip on a host that has one (e.g. with SoftRoCE).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <verbs/device.hpp>
+
+namespace {
+
+using verbs::Errc;
+using verbs::Gid;
+
+testing::AssertionResult contains(std::string_view text, std::string_view part) {
+  if (text.find(part) != std::string_view::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << '"' << text << "\" does not contain \"" << part << '"';
+}
+
+// Runs `f`, which should throw verbs::Error, and returns what it threw (empty if nothing).
+template <typename F>
+std::optional<verbs::Error> thrown_by(F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (const verbs::Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// Whether the kernel shows an RDMA device, asked without libibverbs so that the answer does
+// not depend on the code under test.
+bool sysfs_has_rdma_device() {
+  std::error_code ec;
+  const std::filesystem::path dir = "/sys/class/infiniband";
+  return std::filesystem::is_directory(dir, ec) && !std::filesystem::is_empty(dir, ec);
+}
+
+constexpr const char* kHasDevice =
+    "this host has an RDMA device; these tests describe a host without one (the device tests cover the other case)";
+
+TEST(NoDevice, ListDevicesIsEmptyNotAnError) {
+  if (sysfs_has_rdma_device()) GTEST_SKIP() << kHasDevice;
+  std::vector<verbs::DeviceInfo> devices;
+  ASSERT_NO_THROW(devices = verbs::list_devices());
+  EXPECT_TRUE(devices.empty()) << devices.size() << " devices listed, first: " << devices.front().name;
+}
+
+TEST(NoDevice, OpenFirstThrowsNoDeviceWithHowToCreateOne) {
+  if (sysfs_has_rdma_device() || !verbs::list_devices().empty()) GTEST_SKIP() << kHasDevice;
+  const auto e = thrown_by([] { (void)verbs::Device::open_first(); });
+  ASSERT_TRUE(e) << "open_first() did not throw verbs::Error";
+  EXPECT_EQ(e->code(), Errc::no_device);
+  EXPECT_EQ(e->code(), std::errc::no_such_device);
+  EXPECT_TRUE(contains(e->what(), "no RDMA device"));
+  EXPECT_TRUE(contains(e->what(), "rdma link add"));
+}
+
+TEST(NoDevice, OpenByNameThrowsNoDeviceNamingIt) {
+  if (sysfs_has_rdma_device() || !verbs::list_devices().empty()) GTEST_SKIP() << kHasDevice;
+  const auto e = thrown_by([] { (void)verbs::Device::open("nosuch"); });
+  ASSERT_TRUE(e) << "open(\"nosuch\") did not throw verbs::Error";
+  EXPECT_EQ(e->code(), Errc::no_device);
+  EXPECT_TRUE(contains(e->what(), "'nosuch'"));
+  EXPECT_TRUE(contains(e->what(), "present: none"));
+  EXPECT_TRUE(contains(e->what(), "rdma link add"));
+}
+
+TEST(Device, OpenUnknownNameThrowsNoDeviceListingThosePresent) {
+  // Holds with or without devices: the name is one no device has.
+  const std::string name = "verbs-test-no-such-device";
+  const std::vector<verbs::DeviceInfo> present = verbs::list_devices();
+  const auto e = thrown_by([&] { (void)verbs::Device::open(name); });
+  ASSERT_TRUE(e) << "open(\"" << name << "\") did not throw verbs::Error";
+  EXPECT_EQ(e->code(), Errc::no_device);
+  EXPECT_TRUE(contains(e->what(), "'" + name + "'"));
+  for (const verbs::DeviceInfo& d : present) EXPECT_TRUE(contains(e->what(), d.name));
+}
+
+// ---- Gid ----
+
+Gid gid_from_text(const char* text) {
+  Gid g;
+  EXPECT_EQ(::inet_pton(AF_INET6, text, g.raw.data()), 1) << text;
+  return g;
+}
+
+TEST(Gid, DefaultIsZero) {
+  EXPECT_TRUE(Gid{}.is_zero());
+  EXPECT_EQ(Gid{}.to_string(), "::");
+}
+
+TEST(Gid, AnyNonZeroByteMakesItNonZero) {
+  for (std::size_t i = 0; i < 16; ++i) {
+    Gid g;
+    g.raw[i] = 1;
+    EXPECT_FALSE(g.is_zero()) << "byte " << i;
+  }
+}
+
+TEST(Gid, Ipv4MappedIsRecognisedAndPrinted) {
+  const Gid g = gid_from_text("::ffff:192.0.2.1");
+  EXPECT_TRUE(g.is_ipv4_mapped());
+  EXPECT_FALSE(g.is_zero());
+  EXPECT_EQ(g.to_string(), "::ffff:192.0.2.1");
+}
+
+TEST(Gid, OtherAddressesAreNotIpv4Mapped) {
+  for (const char* text :
+       {"::", "fe80::1", "::192.0.2.1", "::fffe:192.0.2.1", "1::ffff:192.0.2.1", "64:ff9b::c000:201"})
+    EXPECT_FALSE(gid_from_text(text).is_ipv4_mapped()) << text;
+  // Only byte 9 differs from the mapped prefix.
+  Gid g = gid_from_text("::ffff:192.0.2.1");
+  g.raw[9] = 1;
+  EXPECT_FALSE(g.is_ipv4_mapped());
+}
+
+TEST(Gid, ToStringIsTheIpv6TextForm) {
+  EXPECT_EQ(gid_from_text("fe80::1234:5678").to_string(), "fe80::1234:5678");
+  EXPECT_EQ(gid_from_text("2001:db8::1").to_string(), "2001:db8::1");
+}
+
+TEST(Gid, NativeRoundTripKeepsEveryByte) {
+  ibv_gid native{};
+  for (std::size_t i = 0; i < 16; ++i) native.raw[i] = static_cast<std::uint8_t>(0xa0 + i);
+  const Gid g = Gid::from_native(native);
+  for (std::size_t i = 0; i < 16; ++i) EXPECT_EQ(g.raw[i], native.raw[i]) << "byte " << i;
+  const ibv_gid back = g.native();
+  EXPECT_EQ(std::memcmp(back.raw, native.raw, sizeof native.raw), 0);
+  EXPECT_EQ(Gid::from_native(back), g);
+}
+
+TEST(Gid, EqualityComparesAllBytes) {
+  const Gid a = gid_from_text("fe80::1");
+  Gid b = a;
+  EXPECT_EQ(a, b);
+  b.raw[15] ^= 1;
+  EXPECT_NE(a, b);
+}
+
+// ---- Mtu ----
+
+static_assert(verbs::mtu_bytes(verbs::Mtu::mtu256) == 256);
+static_assert(verbs::mtu_bytes(verbs::Mtu::mtu4096) == 4096);
+
+TEST(Mtu, BytesOfEachValue) {
+  EXPECT_EQ(verbs::mtu_bytes(verbs::Mtu::mtu256), 256u);
+  EXPECT_EQ(verbs::mtu_bytes(verbs::Mtu::mtu512), 512u);
+  EXPECT_EQ(verbs::mtu_bytes(verbs::Mtu::mtu1024), 1024u);
+  EXPECT_EQ(verbs::mtu_bytes(verbs::Mtu::mtu2048), 2048u);
+  EXPECT_EQ(verbs::mtu_bytes(verbs::Mtu::mtu4096), 4096u);
+}
+
+TEST(Mtu, ValuesOutsideTheEnumAreZeroBytes) {
+  for (const unsigned v : {0u, 6u, 7u, 255u}) EXPECT_EQ(verbs::mtu_bytes(static_cast<verbs::Mtu>(v)), 0u) << v;
+}
+
+TEST(GidType, NamesEachType) {
+  EXPECT_EQ(verbs::to_string(verbs::GidType::ib), "IB");
+  EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v1), "RoCE v1");
+  EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v2), "RoCE v2");
+}
+
+}  // namespace
