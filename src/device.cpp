@@ -125,6 +125,11 @@ Device Device::open_first() {
   return Device(open_context(l.devices()[0]), ibv_get_device_name(l.devices()[0]));
 }
 
+Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
+  std::string name = ibv_get_device_name(ctx->device);
+  return Device(std::move(ctx), std::move(name));
+}
+
 void Device::swap(Device& o) noexcept {
   ctx_.swap(o.ctx_);
   name_.swap(o.name_);

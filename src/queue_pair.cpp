@@ -64,10 +64,51 @@ std::string_view to_string(QpState s) noexcept {
   return "unknown";
 }
 
+ibv_qp_init_attr QueuePair::init_attr(const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                                      const QpOptions& o) noexcept {
+  ibv_qp_init_attr init{};
+  init.send_cq = send_cq.native_handle();
+  init.recv_cq = recv_cq.native_handle();
+  init.srq = o.srq != nullptr ? o.srq->native_handle() : nullptr;
+  init.cap.max_send_wr = o.max_send_wr;
+  init.cap.max_recv_wr = o.srq != nullptr ? 0 : o.max_recv_wr;
+  init.cap.max_send_sge = o.max_send_sge;
+  init.cap.max_recv_sge = o.srq != nullptr ? 0 : o.max_recv_sge;
+  init.cap.max_inline_data = o.max_inline_data;
+  init.qp_type = static_cast<ibv_qp_type>(o.type);
+  init.sq_sig_all = o.signal_all ? 1 : 0;
+  return init;
+}
+
 QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                     const QpOptions& o)
-    : access_(o.access), pkey_index_(o.pkey_index), port_(o.port), type_(o.type), has_srq_(o.srq != nullptr) {
-  ibv_context* ctx = pd.native_handle()->context;
+                     const QpOptions& o) {
+  ibv_qp_init_attr init = init_attr(send_cq, recv_cq, o);
+  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp");
+  std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
+  // Created here so that a failing setup_ below still destroys the QP.
+  qp_ = std::shared_ptr<ibv_qp>(
+      qp, [pd = pd.shared_handle(), s = send_cq.shared_handle(), r = recv_cq.shared_handle(), srq](ibv_qp* q) {
+        ibv_destroy_qp(q);
+      });
+  // ibv_create_qp writes back what the device granted (at least what was asked).
+  setup_(o, init.cap);
+}
+
+QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted) {
+  QueuePair q;
+  q.qp_ = std::move(qp);
+  q.setup_(options, granted);
+  (void)q.query_state();
+  return q;
+}
+
+void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
+  ibv_context* ctx = qp_->context;
+  access_ = o.access;
+  pkey_index_ = o.pkey_index;
+  port_ = o.port;
+  type_ = o.type;
+  has_srq_ = o.srq != nullptr;
   const PortInfo port = detail::query_port(ctx, o.port);
   ethernet_ = port.is_ethernet();
   ibv_device_attr dev{};
@@ -86,33 +127,14 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
     local_.gid = c.entry.gid;
   }
 
-  ibv_qp_init_attr init{};
-  init.send_cq = send_cq.native_handle();
-  init.recv_cq = recv_cq.native_handle();
-  init.srq = o.srq != nullptr ? o.srq->native_handle() : nullptr;
-  init.cap.max_send_wr = o.max_send_wr;
-  init.cap.max_recv_wr = o.srq != nullptr ? 0 : o.max_recv_wr;
-  init.cap.max_send_sge = o.max_send_sge;
-  init.cap.max_recv_sge = o.srq != nullptr ? 0 : o.max_recv_sge;
-  init.cap.max_inline_data = o.max_inline_data;
-  init.qp_type = static_cast<ibv_qp_type>(o.type);
-  init.sq_sig_all = o.signal_all ? 1 : 0;
-  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp");
-  std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
-  qp_ = std::shared_ptr<ibv_qp>(
-      qp, [pd = pd.shared_handle(), s = send_cq.shared_handle(), r = recv_cq.shared_handle(), srq](ibv_qp* q) {
-        ibv_destroy_qp(q);
-      });
-
-  // ibv_create_qp writes back what the device granted (at least what was asked).
-  max_send_sge_ = init.cap.max_send_sge;
-  max_recv_sge_ = init.cap.max_recv_sge;
-  max_inline_ = init.cap.max_inline_data;
-  max_send_wr_ = init.cap.max_send_wr;
-  max_recv_wr_ = init.cap.max_recv_wr;
+  max_send_sge_ = granted.max_send_sge;
+  max_recv_sge_ = granted.max_recv_sge;
+  max_inline_ = granted.max_inline_data;
+  max_send_wr_ = granted.max_send_wr;
+  max_recv_wr_ = granted.max_recv_wr;
   allowed_ = allowed_ops(o.type);
 
-  local_.qp_num = qp->qp_num;
+  local_.qp_num = qp_->qp_num;
   local_.psn = random_psn();
   local_.qkey = o.type == QpType::ud ? o.qkey : 0;
   local_.lid = port.lid;

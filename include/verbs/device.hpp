@@ -104,6 +104,9 @@ class Device {
   [[nodiscard]] static Device open(std::string_view name);
   /// Opens the first device. Throws Error(Errc::no_device) with how to create SoftRoCE if none.
   [[nodiscard]] static Device open_first();
+  /// Wraps a context opened elsewhere (e.g. by librdmacm: rdma_cm_id::verbs). The deleter
+  /// decides what ends its life; objects made from the Device keep `ctx` alive.
+  [[nodiscard]] static Device adopt(std::shared_ptr<ibv_context> ctx);
 
   Device(Device&&) noexcept = default;
   Device& operator=(Device&&) noexcept = default;

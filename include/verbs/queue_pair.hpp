@@ -96,6 +96,16 @@ class QueuePair {
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {})
       : QueuePair(pd, cq, cq, options) {}
 
+  /// The attributes the constructor passes to ibv_create_qp, for code that creates the QP
+  /// elsewhere (e.g. rdma_create_qp(3)) and then adopts it.
+  [[nodiscard]] static ibv_qp_init_attr init_attr(const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                                                  const QpOptions& options) noexcept;
+  /// Wraps a QP created elsewhere. `qp`'s deleter destroys it and must keep alive whatever the QP
+  /// uses (PD, CQs, SRQ, a cm id); `granted` is the capacity its creation wrote back. The state
+  /// is read from the device.
+  [[nodiscard]] static QueuePair adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
+                                       const ibv_qp_cap& granted);
+
   QueuePair(QueuePair&&) noexcept = default;
   QueuePair& operator=(QueuePair&&) noexcept = default;
   QueuePair(const QueuePair&) = delete;
@@ -234,6 +244,8 @@ class QueuePair {
     if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) return Errc::inline_too_large;
     return Errc{};
   }
+  QueuePair() = default;
+  void setup_(const QpOptions& o, const ibv_qp_cap& granted);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb);
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ

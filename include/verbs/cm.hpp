@@ -1,0 +1,190 @@
+// verbs::cm: connections through rdma_cm (librdmacm): one call on each side gives a connected RC
+// queue pair, its CQs and PD, and (optionally) the peer's exposed buffer. Built on the core; the
+// core knows nothing of it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <rdma/rdma_cma.h>
+
+#include "verbs/completion_queue.hpp"
+#include "verbs/device.hpp"
+#include "verbs/error.hpp"
+#include "verbs/memory_region.hpp"
+#include "verbs/protection_domain.hpp"
+#include "verbs/queue_pair.hpp"
+
+namespace verbs::cm {
+
+using namespace std::chrono_literals;
+
+/// The step of setting up or running a connection that failed.
+enum class Phase : std::uint8_t { resolve_address, resolve_route, connect, listen, accept, established };
+std::string_view to_string(Phase p) noexcept;
+
+/// A failure of the connection layer: an Error that also says in which phase it happened. The
+/// code is a generic errno: ETIMEDOUT (a deadline of ours passed), ECONNREFUSED (rejected, e.g.
+/// no listener), EHOSTUNREACH (unreachable), ENODEV (no RDMA device for that address),
+/// ECONNRESET (the peer disconnected), EMSGSIZE (private data over the limit), or the errno of
+/// the failing librdmacm call.
+class ConnectError : public Error {
+ public:
+  ConnectError(std::error_code code, Phase phase, std::string_view context,
+               SourceLocation where = SourceLocation::current());
+  [[nodiscard]] Phase phase() const noexcept { return phase_; }
+
+ private:
+  Phase phase_;
+};
+
+/// Private-data limits of RC over the IB CM (InfiniBand and RoCE), after rdma_cm's own header.
+/// The receiver always sees the whole field, zero-padded: encode your own length if you need it.
+inline constexpr std::size_t max_connect_private_data = 56;
+inline constexpr std::size_t max_accept_private_data = 196;
+
+/// What each side sets up for a connection.
+struct ConnectionOptions {
+  QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
+  int cq_depth = 256;                        ///< depth of the CQs the connection creates
+  const ProtectionDomain* pd = nullptr;      ///< share a PD (made from Listener::device() or device_for())
+  CompletionQueue* send_cq = nullptr;        ///< share CQs instead of creating them (same device)
+  CompletionQueue* recv_cq = nullptr;
+  std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
+  std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
+  std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
+  std::uint8_t initiator_depth = 16;         ///< reads/atomics we may have in flight (device-capped)
+  std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
+  std::uint8_t rnr_retry_count = 6;          ///< 7 means forever
+  std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
+};
+
+struct ConnectOptions {
+  std::chrono::milliseconds timeout = 10s;         ///< deadline for the whole connect
+  std::chrono::milliseconds resolve_timeout = 2s;  ///< each of address and route resolution
+  std::string source_address{};                    ///< local address to connect from (default: routed)
+  ConnectionOptions connection{};
+};
+
+struct ListenOptions {
+  int backlog = 64;
+};
+
+/// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
+/// disconnects (if still connected) and releases everything in the right order.
+///
+/// rdma_cm events are read from the connection's own event channel (fd()), without a thread:
+/// wait() watches both the CQ and that channel, so a peer that disconnects or dies turns the
+/// wait into ConnectError(ECONNRESET) instead of a hang.
+class Connection {
+ public:
+  Connection(Connection&&) noexcept;
+  Connection& operator=(Connection&&) noexcept;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection();
+
+  [[nodiscard]] Device& device() noexcept;
+  [[nodiscard]] const ProtectionDomain& pd() const noexcept;
+  [[nodiscard]] CompletionQueue& send_cq() noexcept;
+  [[nodiscard]] CompletionQueue& recv_cq() noexcept;
+  [[nodiscard]] QueuePair& qp() noexcept;
+
+  /// The private data the peer attached (without the exposed slice), zero-padded to the field.
+  [[nodiscard]] std::span<const std::byte> peer_private_data() const noexcept;
+  /// The buffer the peer exposed in the handshake, if it did.
+  [[nodiscard]] const std::optional<RemoteSlice>& peer_remote() const noexcept;
+  /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
+  [[nodiscard]] RemoteSlice remote() const;
+  [[nodiscard]] std::string peer_address() const;
+  [[nodiscard]] std::string local_address() const;
+
+  /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
+  /// was polled, empty on timeout; fails with ECONNRESET (phase established) once the peer has
+  /// disconnected (completions still in the CQ, e.g. flushed receives, can be polled directly).
+  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             std::error_code& ec) noexcept;
+  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout);
+  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout) {
+    Completion c;
+    if (wait(cq, std::span(&c, 1), timeout).empty()) return std::nullopt;
+    return c;
+  }
+
+  /// Handles pending rdma_cm events without blocking; false once the peer has disconnected.
+  bool poll_events();
+  [[nodiscard]] bool connected() const noexcept;
+  /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
+  /// flush; the peer sees DISCONNECTED. Idempotent.
+  void disconnect();
+
+  /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
+  /// readable, call poll_events().
+  [[nodiscard]] int fd() const noexcept;
+  [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
+
+  struct Impl;
+
+ private:
+  friend class Listener;
+  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&);
+  explicit Connection(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Resolves `host`:`port`, connects an RC QP and returns the connection. Throws ConnectError
+/// saying which phase failed and why (no listener: ECONNREFUSED; silent or unreachable
+/// address: ETIMEDOUT or EHOSTUNREACH within `timeout`; no RDMA device: ENODEV; private data
+/// too large: EMSGSIZE, before anything is sent).
+[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {});
+/// As above, reporting failure through `ec` (and returning empty).
+[[nodiscard]] std::optional<Connection> connect(std::string_view host, std::uint16_t port,
+                                                const ConnectOptions& options, std::error_code& ec);
+
+/// The device that owns a local IP address, as librdmacm sees it: a PD, CQ or SRQ made from it
+/// can be shared by connections on that address (ConnectionOptions::pd and the CQ pointers).
+/// Throws ConnectError (ENODEV) when no RDMA device has the address.
+[[nodiscard]] Device device_for(std::string_view local_address);
+
+/// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
+/// each other (its own event channel); the listener may be destroyed while they live.
+class Listener {
+ public:
+  /// Binds to `address` ("0.0.0.0" or "::" for every device) and `port` (0: any free port,
+  /// see port()) and listens. Throws ConnectError (phase listen): EADDRINUSE, ENODEV when no
+  /// RDMA device has that address.
+  Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {});
+  Listener(Listener&&) noexcept;
+  Listener& operator=(Listener&&) noexcept;
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  ~Listener();
+
+  /// Waits up to `timeout` for a connection request and accepts it. Throws ConnectError
+  /// (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit
+  /// (checked before waiting; nothing is sent).
+  [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {});
+  [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
+                                                 std::error_code& ec);
+
+  [[nodiscard]] std::uint16_t port() const noexcept;
+  /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
+  [[nodiscard]] Device device() const;
+  /// The listener's event channel fd: readable when a connection request is waiting.
+  [[nodiscard]] int fd() const noexcept;
+  [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace verbs::cm
