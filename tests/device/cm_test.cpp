@@ -1,0 +1,375 @@
+// verbs::cm on a real device: connect/accept, private data, the remote-slice exchange, timeouts,
+// a peer that disconnects or dies, many clients, and many cycles without leaks.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <verbs/cm.hpp>
+
+#include "fixture.hpp"
+
+namespace verbs::test {
+namespace {
+
+using cm::ConnectError;
+using cm::Phase;
+
+std::string test_addr() {
+  const char* a = std::getenv("VERBS_TEST_ADDR");
+  return a != nullptr && *a != '\0' ? a : "192.0.2.1";
+}
+
+/// Skips unless librdmacm can use an RDMA device at the test address.
+class Cm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      device.emplace(cm::device_for(test_addr()));
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no RDMA device at " << test_addr() << " (set VERBS_TEST_ADDR): " << e.what();
+    }
+  }
+  std::optional<Device> device;
+};
+
+std::vector<std::byte> bytes_of(std::string_view s) {
+  std::vector<std::byte> v(s.size());
+  std::memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+
+template <typename F>
+std::optional<ConnectError> connect_error(F&& f) {
+  try {
+    f();
+  } catch (const ConnectError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+int open_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST_F(Cm, ConnectAcceptExchangeSlicesAndWrite) {
+  cm::Listener listener(test_addr(), 0);
+  ASSERT_NE(listener.port(), 0);
+  ProtectionDomain pd(*device);
+  auto server_mr = MemoryRegion::allocate(pd, 4096, Access::local_write | Access::remote_write);
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.qp = {.access = Access::remote_write}, .pd = &pd, .expose = server_mr.remote()});
+  });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+  cm::Connection conn = server.get();
+
+  EXPECT_TRUE(client.connected());
+  EXPECT_TRUE(conn.connected());
+  ASSERT_TRUE(client.peer_remote().has_value());
+  EXPECT_EQ(*client.peer_remote(), server_mr.remote());
+  EXPECT_FALSE(conn.peer_remote().has_value());
+  EXPECT_THROW((void)conn.remote(), ConnectError);
+  EXPECT_EQ(client.qp().state(), QpState::rts);
+  EXPECT_NE(client.peer_address().find(std::to_string(listener.port())), std::string::npos) << client.peer_address();
+
+  auto src = MemoryRegion::allocate(client.pd(), 4096);
+  fill_pattern(src.bytes(), 7);
+  ASSERT_TRUE(client.qp().post_write(src.slice(0, 4096), client.remote(), {.wr_id = 5}).ok());
+  const auto wc = client.wait_one(client.send_cq(), 10s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_TRUE(wc->ok()) << make_error_code(wc->status()).message();
+  EXPECT_EQ(wc->wr_id(), 5u);
+  EXPECT_EQ(std::memcmp(server_mr.data(), src.data(), 4096), 0);
+}
+
+TEST_F(Cm, QpGrantsOnlyTheRemoteRightsAsked) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(*device);
+  auto server_mr = MemoryRegion::allocate(pd, 4096, Access::local_write | Access::remote_write | Access::remote_read);
+  // The MR allows remote write, but the server's QP was not asked for it.
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.pd = &pd, .expose = server_mr.remote()}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto src = MemoryRegion::allocate(client.pd(), 64);
+  ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote(), {.wr_id = 9}).ok());
+  const auto wc = client.send_cq().wait_one(10s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_FALSE(wc->ok()) << "a write went through a QP that did not grant remote_write";
+  EXPECT_EQ(wc->wr_id(), 9u);
+}
+
+TEST_F(Cm, PrivateDataTravelsBothWaysAtTheLimit) {
+  cm::Listener listener(test_addr(), 0);
+  std::vector<std::byte> req(cm::max_connect_private_data), rep(cm::max_accept_private_data);
+  fill_pattern(req, 1);
+  fill_pattern(rep, 2);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.private_data = rep}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.private_data = req}});
+  cm::Connection conn = server.get();
+  ASSERT_GE(conn.peer_private_data().size(), req.size());
+  EXPECT_EQ(std::memcmp(conn.peer_private_data().data(), req.data(), req.size()), 0);
+  ASSERT_GE(client.peer_private_data().size(), rep.size());
+  EXPECT_EQ(std::memcmp(client.peer_private_data().data(), rep.data(), rep.size()), 0);
+}
+
+TEST_F(Cm, PrivateDataWithAnExposedSliceLeavesTheRestForTheCaller) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(*device);
+  auto mr = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_read);
+  const auto hello = bytes_of("hello from the client");
+  const std::vector<std::byte> most(cm::max_connect_private_data - RemoteSlice::wire_size, std::byte{0x5a});
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {}); });
+  cm::Connection client =
+      cm::connect(test_addr(), listener.port(), {.connection = {.pd = &pd, .private_data = most, .expose = mr.remote()}});
+  cm::Connection conn = server.get();
+  ASSERT_TRUE(conn.peer_remote().has_value());
+  EXPECT_EQ(*conn.peer_remote(), mr.remote());
+  ASSERT_GE(conn.peer_private_data().size(), most.size());
+  EXPECT_EQ(std::memcmp(conn.peer_private_data().data(), most.data(), most.size()), 0);
+}
+
+TEST_F(Cm, PrivateDataOneByteOverTheLimitIsRefusedBeforeAnythingIsSent) {
+  cm::Listener listener(test_addr(), 0);
+  const std::vector<std::byte> too_big(cm::max_connect_private_data + 1);
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.connection = {.private_data = too_big}}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::message_size);
+  EXPECT_NE(std::string(e->what()).find("57 bytes"), std::string::npos) << e->what();
+  // Nothing reached the listener.
+  const auto none = connect_error([&] { (void)listener.accept(300ms); });
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->code(), std::errc::timed_out);
+
+  const std::vector<std::byte> accept_too_big(cm::max_accept_private_data + 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto a = connect_error([&] { (void)listener.accept(10s, {.private_data = accept_too_big}); });
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->code(), std::errc::message_size);
+  EXPECT_EQ(a->phase(), Phase::accept);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "checked before waiting";
+
+  const std::vector<std::byte> with_slice(cm::max_connect_private_data - RemoteSlice::wire_size + 1);
+  const auto s = connect_error([&] {
+    (void)cm::connect(test_addr(), listener.port(), {.connection = {.private_data = with_slice, .expose = RemoteSlice{}}});
+  });
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->code(), std::errc::message_size);
+}
+
+TEST_F(Cm, NoListenerIsRejectedQuickly) {
+  std::uint16_t port = 0;
+  {
+    cm::Listener probe(test_addr(), 0);  // a port that was free a moment ago
+    port = probe.port();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), port, {.timeout = 10s}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+  EXPECT_EQ(e->phase(), Phase::connect);
+  EXPECT_NE(std::string(e->what()).find("no listener"), std::string::npos) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST_F(Cm, SilentAddressTimesOutWithinTheDeadline) {
+  // An address on the test subnet that nobody answers for.
+  std::string addr = test_addr();
+  addr = addr.substr(0, addr.rfind('.')) + ".77";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = connect_error([&] { (void)cm::connect(addr, 7471, {.timeout = 3s, .resolve_timeout = 1s}); });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->code() == std::errc::timed_out || e->code() == std::errc::host_unreachable) << e->what();
+  EXPECT_EQ(e->phase(), Phase::resolve_address) << e->what();
+  EXPECT_LT(took, 5s);
+  EXPECT_GE(took, 900ms);
+}
+
+TEST_F(Cm, AddressWithoutAnRdmaDeviceSaysSo) {
+  const auto e = connect_error([&] { (void)cm::connect("127.0.0.1", 7471, {.timeout = 3s, .resolve_timeout = 1s}); });
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->phase() == Phase::resolve_address || e->phase() == Phase::resolve_route) << e->what();
+  const auto d = connect_error([&] { (void)cm::device_for("127.0.0.1"); });
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->code(), std::errc::no_such_device) << d->what();
+}
+
+TEST_F(Cm, GracefulDisconnectFromEitherSideEndsThePeersWait) {
+  for (const bool client_closes : {true, false}) {
+    SCOPED_TRACE(client_closes ? "client closes" : "server closes");
+    cm::Listener listener(test_addr(), 0);
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+    cm::Connection client = cm::connect(test_addr(), listener.port());
+    cm::Connection conn = server.get();
+    cm::Connection& closer = client_closes ? client : conn;
+    cm::Connection& other = client_closes ? conn : client;
+    auto buf = MemoryRegion::allocate(other.pd(), 64, Access::local_write);
+    ASSERT_TRUE(other.qp().post_recv(buf.slice(0, 64), 1).ok());
+    closer.disconnect();
+    EXPECT_FALSE(closer.connected());
+    const auto t0 = std::chrono::steady_clock::now();
+    std::error_code ec;
+    std::array<Completion, 4> wcs;
+    const auto got = other.wait(other.recv_cq(), wcs, 10s, ec);
+    EXPECT_TRUE(got.empty());
+    EXPECT_EQ(ec, std::errc::connection_reset) << ec.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    EXPECT_FALSE(other.connected());
+    // The receive was flushed, and a later wait fails at once.
+    const auto flushed = collect(other.recv_cq(), 1, 5s);
+    ASSERT_EQ(flushed.size(), 1u);
+    EXPECT_EQ(flushed[0].status(), WcStatus::wr_flush_err);
+    const auto e = connect_error([&] { (void)other.wait_one(other.recv_cq(), 10s); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->phase(), Phase::established);
+    EXPECT_EQ(e->code(), std::errc::connection_reset);
+  }
+}
+
+TEST_F(Cm, EightConcurrentClientsEachGetTheirOwnConnection) {
+  constexpr int kClients = 8;
+  cm::Listener listener(test_addr(), 0);
+  const std::uint16_t port = listener.port();
+  // One PD and one region for all the server's connections; connection k exposes slot k.
+  ProtectionDomain pd(*device);
+  auto slots = MemoryRegion::allocate(pd, 8 * kClients, Access::local_write | Access::remote_write);
+  std::vector<std::future<bool>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::async(std::launch::async, [port, i] {
+      cm::Connection c = cm::connect(test_addr(), port, {.timeout = 30s});
+      auto mr = MemoryRegion::allocate(c.pd(), 8);
+      const std::uint64_t v = 1000u + static_cast<std::uint64_t>(i);
+      std::memcpy(mr.data(), &v, 8);
+      if (!c.qp().post_write(mr.slice(0, 8), c.remote(), {.wr_id = 1}).ok()) return false;
+      const auto wc = c.wait_one(c.send_cq(), 30s);
+      return wc && wc->ok();
+    }));
+  }
+  std::vector<cm::Connection> conns;
+  for (std::size_t k = 0; k < kClients; ++k)
+    conns.push_back(listener.accept(30s, {.qp = {.access = Access::remote_write}, .pd = &pd,
+                                          .expose = slots.remote().slice(8 * k, 8)}));
+  for (auto& f : clients) EXPECT_TRUE(f.get());
+  std::vector<std::uint64_t> seen(kClients);
+  std::memcpy(seen.data(), slots.data(), 8 * kClients);
+  std::sort(seen.begin(), seen.end());
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(seen[static_cast<std::size_t>(i)], 1000u + static_cast<unsigned>(i));
+  std::set<std::string> peers;
+  for (const cm::Connection& c : conns) peers.insert(c.peer_address());
+  EXPECT_EQ(peers.size(), static_cast<std::size_t>(kClients)) << "each connection has its own peer";
+}
+
+TEST_F(Cm, KilledPeerTurnsTheSurvivorsWaitIntoAnErrorWithinSeconds) {
+  cm::Listener listener(test_addr(), 0);
+  // The peer is another process, started with fork+exec before it touches RDMA (a forked copy
+  // of this process would share its device file).
+  const std::string port = std::to_string(listener.port());
+  const std::string addr = test_addr();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::execl(VERBS_CM_PEER, VERBS_CM_PEER, addr.c_str(), port.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::optional<cm::Connection> conn;
+  try {
+    conn.emplace(listener.accept(20s));
+  } catch (const Error& e) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    FAIL() << e.what();
+  }
+  auto buf = MemoryRegion::allocate(conn->pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn->qp().post_recv(buf.slice(0, 64), 1).ok());
+  auto pending = std::async(std::launch::async, [&] {
+    std::error_code ec;
+    std::array<Completion, 1> wc;
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)conn->wait(conn->recv_cq(), wc, 60s, ec);
+    return std::pair(ec, std::chrono::steady_clock::now() - t0);
+  });
+  std::this_thread::sleep_for(200ms);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  const auto [ec, took] = pending.get();
+  EXPECT_EQ(ec, std::errc::connection_reset) << ec.message();
+  EXPECT_LT(took, 10s);
+  // A later wait fails at once, and so does a send's completion instead of hanging.
+  const auto e = connect_error([&] { (void)conn->wait_one(conn->recv_cq(), 10s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_reset);
+}
+
+std::string rdma_resources() {
+  std::string out;
+  if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr) out += line;
+    ::pclose(f);
+  }
+  return out;
+}
+
+long resident_kib() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * (::sysconf(_SC_PAGESIZE) / 1024);
+}
+
+TEST_F(Cm, ThousandConnectDisconnectCyclesLeakNothing) {
+  const int cycles = std::getenv("VERBS_CM_CYCLES") != nullptr ? std::atoi(std::getenv("VERBS_CM_CYCLES")) : 1000;
+  cm::Listener listener(test_addr(), 0);
+  const std::uint16_t port = listener.port();
+  const auto cycle = [&](int n) {
+    auto server = std::async(std::launch::async, [&] {
+      for (int i = 0; i < n; ++i) {
+        try {
+          (void)listener.accept(20s);
+        } catch (const Error& e) {
+          return "server, cycle " + std::to_string(i) + ": " + e.what();
+        }
+      }
+      return std::string();
+    });
+    std::string failure;
+    for (int i = 0; i < n && failure.empty(); ++i) {
+      try {
+        cm::Connection c = cm::connect(test_addr(), port, {.timeout = 20s});
+        c.disconnect();
+      } catch (const Error& e) {
+        failure = "client, cycle " + std::to_string(i) + ": " + e.what();
+      }
+    }
+    const std::string server_failure = server.get();
+    ASSERT_TRUE(failure.empty() && server_failure.empty()) << failure << "\n" << server_failure;
+  };
+  cycle(20);  // warm up: librdmacm and the allocator keep some state for good
+  const int fds = open_fds();
+  const long rss = resident_kib();
+  const std::string resources = rdma_resources();
+  ASSERT_NE(resources.find("qp "), std::string::npos) << "cannot read `rdma resource show`: " << resources;
+  RecordProperty("resources", resources);
+  cycle(cycles);
+  EXPECT_EQ(open_fds(), fds) << "file descriptors leaked";
+  EXPECT_EQ(rdma_resources(), resources) << "verbs objects (rdma resource show) leaked";
+  EXPECT_LT(resident_kib() - rss, 8 * 1024) << "resident memory grew by " << (resident_kib() - rss) << " KiB";
+}
+
+}  // namespace
+}  // namespace verbs::test
