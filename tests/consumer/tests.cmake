@@ -1,0 +1,13 @@
+# Tests that use verbs from outside the tree (tests/consumer/run.sh).
+# Included from the top-level CMakeLists.txt when VERBS_BUILD_TESTS is on.
+set(verbs_consumer_work ${PROJECT_BINARY_DIR}/consumer)
+foreach(mode install package pkg-config subdirectory fetchcontent shared)
+  add_test(NAME consumer.${mode}
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh ${mode} ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                   ${verbs_consumer_work})
+  set_tests_properties(consumer.${mode} PROPERTIES LABELS host TIMEOUT 600 SKIP_RETURN_CODE 77
+                       ENVIRONMENT VERBS_VERSION=${PROJECT_VERSION})
+endforeach()
+set_tests_properties(consumer.install PROPERTIES FIXTURES_SETUP verbs_installed)
+set_tests_properties(consumer.package consumer.pkg-config PROPERTIES FIXTURES_REQUIRED verbs_installed)
+

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Tests of verbs-info. Usage: verbs_info_test.sh CASE VERBS_INFO   (exit 77: skipped)
+#   host_no_device  without a device: exit 2 and advice that names `rdma link add`
+#   host_json       --json is valid JSON (devices, checks, healthy), also without a device
+#   healthy         --check on the test device: exit 0, "healthy"; the text report is complete
+#   json            --json on the test device: the port, the chosen GID, the probed inline size
+#   netdev_down, mtu_small, no_ipv4_gid
+#                   break the setup for real (ip link/addr), expect --check to name that problem
+#                   and its fix, then restore it and wait until --check is healthy again. They
+#                   run only in the throwaway SoftRoCE VM of scripts/rxe-vm, or where
+#                   VERBS_INFO_BREAK_SETUP=1 says this machine's network may be disturbed.
+#   rdma_cm_module_missing, rdma_cm_device_missing
+#                   the same through VERBS_INFO_SYSROOT, a fake /sys/module or /dev/infiniband
+# Environment: VERBS_TEST_DEVICE (default: the first device), VERBS_PYTHON3 (default python3).
+set -uo pipefail
+case_=$1 info=$2
+python=${VERBS_PYTHON3:-python3}
+PATH=$PATH:/usr/sbin:/sbin
+
+fail() { echo "verbs_info_test $case_: FAILED: $*" >&2; exit 1; }
+skip() { echo "verbs_info_test $case_: skipped: $*"; exit 77; }
+
+out= rc=0
+run() { # runs verbs-info with these arguments; sets out (stdout and stderr) and rc
+  out=$("$info" "$@" 2>&1)
+  rc=$?
+  printf '$ verbs-info %s   (exit %d)\n%s\n' "$*" "$rc" "$out"
+}
+expect_rc() { [ "$rc" -eq "$1" ] || fail "exit status $rc, expected $1"; }
+expect() { grep -qF -- "$1" <<<"$out" || fail "the output lacks: $1"; }
+
+has_device() { [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; }
+
+# Checks a JSON document on stdin with python: valid, and the assertions in $1 hold (variable d).
+check_json() {
+  command -v "$python" >/dev/null || skip "no python3 to parse JSON"
+  "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert isinstance(d["devices"], list) and isinstance(d["checks"], list) and isinstance(d["healthy"], bool), "top-level keys"
+for c in d["checks"]:
+    assert set(c) >= {"id", "ok", "subject", "message"} and (c["ok"] or c["fix"]), c
+'"$1"'
+print("JSON ok:", len(d["devices"]), "device(s),", len(d["checks"]), "check(s), healthy:", d["healthy"])
+' || fail "the JSON is not what was expected"
+}
+
+device=${VERBS_TEST_DEVICE:-}
+need_device() {
+  has_device || skip "no RDMA device"
+  [ -n "$device" ] || device=$(ls /sys/class/infiniband | head -n1)
+  [ -d "/sys/class/infiniband/$device" ] || fail "no device $device"
+}
+need_breakable() {
+  need_device
+  if ! { [ "$(hostname)" = rxe-vm ] && [ -d /run/rxe-vm ]; } && [ "${VERBS_INFO_BREAK_SETUP:-0}" != 1 ]; then
+    skip "changes the network setup: runs only in the scripts/rxe-vm VM (or with VERBS_INFO_BREAK_SETUP=1)"
+  fi
+  netdev=$(cat "/sys/class/infiniband/$device/parent" 2>/dev/null) || skip "$device has no parent netdev (not rxe)"
+}
+
+# Polls --check until its output contains $1 (a problem id in brackets, or "healthy").
+wait_for() {
+  local i
+  for i in $(seq 1 100); do
+    out=$("$info" --check -d "$device" 2>&1)
+    rc=$?
+    grep -qF -- "$1" <<<"$out" && { printf '$ verbs-info --check -d %s   (exit %d, after %d tries)\n%s\n' "$device" "$rc" "$i" "$out"; return 0; }
+    sleep 0.2
+  done
+  printf '%s\n' "$out"
+  return 1
+}
+restore_and_wait() { # $@: the command that restores the setup
+  echo "restoring: $*"
+  "$@" || echo "restore command failed: $*" >&2
+  wait_for "verbs-info: healthy" && [ "$rc" -eq 0 ] || fail "the setup did not become healthy again after: $*"
+}
+
+case $case_ in
+  host_no_device)
+    has_device && skip "this host has an RDMA device"
+    run
+    expect_rc 2
+    expect "no RDMA device"
+    expect "rdma link add rxe0 type rxe netdev"
+    run --check
+    expect_rc 2
+    expect "rdma link add"
+    ;;
+  host_json)
+    json=$("$info" --json)
+    rc=$?
+    printf '%s\n' "$json"
+    if has_device; then
+      expect_rc 0
+      check_json 'assert d["devices"], "devices"' <<<"$json"
+    else
+      expect_rc 2
+      check_json 'assert d["devices"] == [] and d["checks"][0]["id"] == "no_device" and not d["healthy"]
+assert "rdma link add" in d["checks"][0]["fix"]' <<<"$json"
+    fi
+    ;;
+  healthy)
+    need_device
+    run --check -d "$device"
+    expect_rc 0
+    expect "verbs-info: healthy"
+    expect "ok       $device port 1: ACTIVE"
+    expect "ok       rdma_cm:"
+    run -d "$device"
+    expect_rc 0
+    for s in "port 1: ACTIVE" "MTU active" "link layer" "speed" "GID table" "verbs chooses GID" "max_qp_wr" \
+      "max_sge" "max_cqe" "max_mr_size" "max_inline_data" "probed" "atomics" "on-demand paging" "memory windows"; do
+      expect "$s"
+    done
+    ;;
+  json)
+    need_device
+    json=$("$info" --json -d "$device")
+    rc=$?
+    printf '%s\n' "$json"
+    expect_rc 0
+    check_json '
+dev = d["devices"][0]
+assert dev["name"] == "'"$device"'" and len(d["devices"]) == 1
+p = dev["ports"][0]
+assert p["state"] == "ACTIVE" and p["active_mtu"] in (256, 512, 1024, 2048, 4096) and p["gids"], p
+g = p["chosen_gid"]
+assert g["gid"].startswith("::ffff:") and g["type"] == "RoCE v2" and "IPv4" in g["reason"], g
+assert dev["limits"]["max_inline_data"]["value"] > 0 and dev["limits"]["max_inline_data"]["probed"]
+assert dev["limits"]["max_qp_wr"] > 0 and d["healthy"]' <<<"$json"
+    ;;
+  netdev_down)
+    need_breakable
+    trap 'restore_and_wait ip link set "$netdev" up' EXIT
+    ip link set "$netdev" down || fail "ip link set $netdev down"
+    wait_for "[port_down]" || fail "--check did not report port_down"
+    expect_rc 1
+    expect "because its netdev $netdev is down"
+    expect "ip link set $netdev up"
+    ;;
+  mtu_small)
+    need_breakable
+    mtu=$(cat "/sys/class/net/$netdev/mtu")
+    trap 'restore_and_wait ip link set "$netdev" mtu "$mtu"' EXIT
+    ip link set "$netdev" mtu 1000 || fail "ip link set $netdev mtu 1000"
+    wait_for "[netdev_mtu_small]" || fail "--check did not report netdev_mtu_small"
+    expect_rc 1
+    expect "netdev $netdev MTU 1000, active RDMA MTU 512"
+    expect "ip link set $netdev mtu 1500"
+    ;;
+  no_ipv4_gid)
+    need_breakable
+    addr=$(ip -o -4 addr show dev "$netdev" | awk '{ print $4; exit }')
+    [ -n "$addr" ] || fail "$netdev has no IPv4 address to remove"
+    trap 'restore_and_wait ip addr add "$addr" dev "$netdev"' EXIT
+    ip addr del "$addr" dev "$netdev" || fail "ip addr del $addr dev $netdev"
+    wait_for "[no_ipv4_gid]" || fail "--check did not report no_ipv4_gid"
+    expect_rc 1
+    expect "no RoCE v2 GID with an IPv4 address"
+    expect "ip addr add <address>/<prefix> dev $netdev"
+    ;;
+  rdma_cm_module_missing | rdma_cm_device_missing)
+    need_device
+    run --check -d "$device"
+    expect "ok       rdma_cm:"
+    root=$(mktemp -d)
+    trap 'rm -rf "$root"' EXIT
+    mkdir -p "$root/sys/module" "$root/dev/infiniband"
+    ln -s /sys/class "$root/sys/class"
+    [ "$case_" = rdma_cm_device_missing ] && rmdir "$root/sys/module" && ln -s /sys/module "$root/sys/module"
+    VERBS_INFO_SYSROOT=$root run --check -d "$device"
+    expect_rc 1
+    expect "[$case_]"
+    expect "modprobe rdma_ucm"
+    [ "$(grep -c '^PROBLEM' <<<"$out")" -eq 1 ] || fail "expected exactly one problem"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "verbs_info_test $case_: ok"

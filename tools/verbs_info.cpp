@@ -1,0 +1,640 @@
+// verbs-info: the RDMA devices, ports, GID tables and limits as the verbs library sees them, and
+// a diagnosis of the setup (--check) that says what is wrong and how to fix it.
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <verbs/verbs.hpp>
+
+namespace {
+
+constexpr int exit_ok = 0, exit_problems = 1, exit_no_device = 2, exit_usage = 64;
+
+constexpr const char* usage_text =
+    "Usage: verbs-info [--json] [--check] [-d DEVICE]\n"
+    "\n"
+    "Lists the RDMA devices, their ports (state, MTU, link layer, speed, netdev), GID tables,\n"
+    "the GID the verbs library would choose and why, and the device limits.\n"
+    "\n"
+    "  --check        diagnose the setup instead: each problem with what to do about it\n"
+    "  --json         the same as JSON on stdout (devices, checks, healthy)\n"
+    "  -d DEVICE      only this device\n"
+    "  -h, --help     this text\n"
+    "\n"
+    "Exit status: 0 fine; 1 --check found a problem; 2 no RDMA device (or none named DEVICE);\n"
+    "64 bad usage.\n"
+    "Environment: VERBS_INFO_SYSROOT prefixes the /sys and /dev paths verbs-info reads itself\n"
+    "(netdevs, the rdma_cm module and device node); libibverbs always reads the real ones.\n";
+
+// ---- files under the (overridable) system root ------------------------------------------------
+
+std::string sysroot() {
+  const char* r = std::getenv("VERBS_INFO_SYSROOT");
+  return r != nullptr ? r : "";
+}
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat((sysroot() + path).c_str(), &st) == 0;
+}
+std::optional<std::string> read_line(const std::string& path) {
+  std::ifstream in(sysroot() + path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  return line;
+}
+
+// ---- what is gathered --------------------------------------------------------------------------
+
+struct Netdev {
+  std::string name;
+  std::optional<unsigned> mtu;
+  std::string operstate;  // "up", "down", "lowerlayerdown", ...
+};
+
+struct Port {
+  verbs::PortInfo info;
+  std::vector<verbs::GidEntry> gids;
+  std::optional<verbs::GidChoice> chosen;
+  std::string choose_error;
+  std::optional<Netdev> netdev;
+};
+
+struct InlineProbe {
+  std::uint32_t value = 0;
+  std::string error;  // set when not even a QP without inline data could be created
+};
+
+struct DeviceReport {
+  verbs::DeviceInfo info;
+  std::string open_error;  // the device is listed but could not be opened
+  ibv_device_attr_ex attr{};
+  std::vector<Port> ports;
+  InlineProbe inline_data;
+};
+
+struct Finding {
+  std::string id;       // stable, for scripts: "port_down", "no_ipv4_gid", ...
+  bool ok = false;
+  std::string subject;  // "rxe0 port 1", "rdma_cm"
+  std::string message;
+  std::string fix;      // empty when ok
+};
+
+// The netdev of a port: the one of its chosen GID, else the device's parent (rxe, siw), else the
+// PCI function's network interface.
+std::optional<Netdev> find_netdev(const std::string& device, const Port& p) {
+  std::string name;
+  if (p.chosen && !p.chosen->entry.netdev.empty()) name = p.chosen->entry.netdev;
+  for (const verbs::GidEntry& g : p.gids)
+    if (name.empty() && !g.netdev.empty()) name = g.netdev;
+  if (name.empty()) name = read_line("/sys/class/infiniband/" + device + "/parent").value_or("");
+  if (name.empty()) {
+    std::error_code ec;  // a PCI device lists its network interfaces here
+    for (const auto& e : std::filesystem::directory_iterator(sysroot() + "/sys/class/infiniband/" + device + "/device/net", ec)) {
+      name = e.path().filename().string();
+      break;
+    }
+  }
+  if (name.empty()) return std::nullopt;
+  Netdev n{name, std::nullopt, read_line("/sys/class/net/" + name + "/operstate").value_or("unknown")};
+  if (auto mtu = read_line("/sys/class/net/" + name + "/mtu")) n.mtu = static_cast<unsigned>(std::stoul(*mtu));
+  return n;
+}
+
+// max_inline_data is not a device attribute: the largest inline size an RC QP can be created
+// with, found by bisection (rxe: 512).
+InlineProbe probe_max_inline(const verbs::Device& dev) {
+  InlineProbe r;
+  try {
+    const verbs::ProtectionDomain pd{dev};
+    const verbs::CompletionQueue cq{dev, {.depth = 1}};
+    const auto try_create = [&](std::uint32_t n) -> std::optional<std::uint32_t> {
+      try {
+        const verbs::QueuePair qp{pd, cq, {.max_send_wr = 1, .max_recv_wr = 1, .max_inline_data = n}};
+        return qp.max_inline_data();
+      } catch (const verbs::Error&) {
+        return std::nullopt;
+      }
+    };
+    // Without inline data a QP must be possible; if not, its Error says why.
+    std::uint32_t lo = verbs::QueuePair{pd, cq, {.max_send_wr = 1, .max_recv_wr = 1}}.max_inline_data();
+    std::uint32_t hi = 1u << 16;  // lo works; above hi is not tried
+    if (auto top = try_create(hi)) return {std::max(hi, *top), {}};
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      if (auto got = try_create(mid)) lo = std::max(mid, *got); else hi = mid;
+    }
+    r.value = lo;
+  } catch (const verbs::Error& e) {
+    r.error = e.code().message() + " (" + e.context() + ")";
+  }
+  return r;
+}
+
+DeviceReport gather(const verbs::DeviceInfo& info) {
+  DeviceReport d{info, {}, {}, {}, {}};
+  try {
+    const verbs::Device dev = verbs::Device::open(info.name);
+    d.attr = dev.attributes();
+    for (std::uint8_t n = 1; n <= dev.port_count(); ++n) {
+      Port p;
+      p.info = dev.port(n);
+      p.gids = dev.gid_table(n);
+      try {
+        p.chosen = dev.choose_gid(n);
+      } catch (const verbs::Error& e) {
+        p.choose_error = e.context();
+      }
+      p.netdev = find_netdev(info.name, p);
+      d.ports.push_back(std::move(p));
+    }
+    d.inline_data = probe_max_inline(dev);
+  } catch (const verbs::Error& e) {
+    d.open_error = std::string(e.code().message()) + " (" + e.context() + ")";
+  }
+  return d;
+}
+
+// ---- names and numbers ---------------------------------------------------------------------------
+
+std::string guid_text(std::uint64_t g) {
+  char s[24];
+  std::snprintf(s, sizeof s, "%04x:%04x:%04x:%04x", unsigned(g >> 48) & 0xffff, unsigned(g >> 32) & 0xffff,
+                unsigned(g >> 16) & 0xffff, unsigned(g) & 0xffff);
+  return s;
+}
+std::string_view node_type_text(ibv_node_type t) { return ibv_node_type_str(t); }
+std::string_view link_layer_text(verbs::LinkLayer l) {
+  switch (l) {
+    case verbs::LinkLayer::infiniband: return "InfiniBand";
+    case verbs::LinkLayer::ethernet: return "Ethernet";
+    case verbs::LinkLayer::unspecified: break;
+  }
+  return "unspecified";
+}
+std::string_view state_text(ibv_port_state s) {
+  switch (s) {
+    case IBV_PORT_NOP: return "NOP";
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+  }
+  return "unknown";
+}
+int width_lanes(std::uint8_t w) {
+  switch (w) {
+    case 1: return 1;
+    case 2: return 4;
+    case 4: return 8;
+    case 8: return 12;
+    case 16: return 2;
+  }
+  return 0;
+}
+// Gb/s per lane and the name of ibv_port_attr::active_speed.
+std::pair<double, std::string_view> lane_speed(std::uint32_t s) {
+  switch (s) {
+    case 1: return {2.5, "SDR"};
+    case 2: return {5.0, "DDR"};
+    case 4: return {10.0, "QDR"};
+    case 8: return {10.0, "FDR10"};
+    case 16: return {14.0625, "FDR"};
+    case 32: return {25.78125, "EDR"};
+    case 64: return {53.125, "HDR"};
+    case 128: return {106.25, "NDR"};
+  }
+  return {0.0, "unknown"};
+}
+double port_gbps(const verbs::PortInfo& p) { return width_lanes(p.active_width) * lane_speed(p.active_speed).first; }
+std::string speed_text(const verbs::PortInfo& p) {
+  char s[64];
+  std::snprintf(s, sizeof s, "%.4g Gb/s (%dX %s)", port_gbps(p), width_lanes(p.active_width),
+                std::string(lane_speed(p.active_speed).second).c_str());
+  return s;
+}
+std::string_view atomic_text(ibv_atomic_cap a) {
+  switch (a) {
+    case IBV_ATOMIC_NONE: return "none";
+    case IBV_ATOMIC_HCA: return "HCA (atomic within this device)";
+    case IBV_ATOMIC_GLOB: return "global (atomic with the CPU too)";
+  }
+  return "unknown";
+}
+bool has_cap(const ibv_device_attr_ex& a, unsigned flag) { return (a.orig_attr.device_cap_flags & flag) != 0; }
+std::string memory_windows_text(const ibv_device_attr_ex& a) {
+  if (a.orig_attr.max_mw == 0 || !has_cap(a, IBV_DEVICE_MEM_WINDOW)) return "none";
+  std::string s = "type 1";
+  if (has_cap(a, IBV_DEVICE_MEM_WINDOW_TYPE_2A)) s += ", type 2A";
+  if (has_cap(a, IBV_DEVICE_MEM_WINDOW_TYPE_2B)) s += ", type 2B";
+  return s;
+}
+std::string odp_text(const ibv_device_attr_ex& a) {
+  if ((a.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0) return "no";
+  std::string s = "yes";
+  if ((a.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) != 0) s += ", implicit";
+  const std::uint32_t rc = a.odp_caps.per_transport_caps.rc_odp_caps;
+  s += rc == 0 ? "; RC: none" : "; RC:";
+  if ((rc & IBV_ODP_SUPPORT_SEND) != 0) s += " send";
+  if ((rc & IBV_ODP_SUPPORT_RECV) != 0) s += " recv";
+  if ((rc & IBV_ODP_SUPPORT_WRITE) != 0) s += " write";
+  if ((rc & IBV_ODP_SUPPORT_READ) != 0) s += " read";
+  if ((rc & IBV_ODP_SUPPORT_ATOMIC) != 0) s += " atomic";
+  return s;
+}
+
+struct Limit {
+  const char* name;
+  std::uint64_t value;
+  const char* what;
+};
+std::vector<Limit> limits(const ibv_device_attr_ex& a) {
+  const ibv_device_attr& o = a.orig_attr;
+  return {
+      {"max_qp", std::uint64_t(o.max_qp), "queue pairs"},
+      {"max_qp_wr", std::uint64_t(o.max_qp_wr), "work requests per send or receive queue"},
+      {"max_sge", std::uint64_t(o.max_sge), "scatter/gather entries per send/receive request"},
+      {"max_sge_rd", std::uint64_t(o.max_sge_rd), "scatter/gather entries per RDMA read"},
+      {"max_cq", std::uint64_t(o.max_cq), "completion queues"},
+      {"max_cqe", std::uint64_t(o.max_cqe), "entries per completion queue"},
+      {"max_mr", std::uint64_t(o.max_mr), "memory regions"},
+      {"max_mr_size", o.max_mr_size, "bytes per memory region"},
+      {"max_pd", std::uint64_t(o.max_pd), "protection domains"},
+      {"max_mw", std::uint64_t(o.max_mw), "memory windows"},
+      {"max_srq", std::uint64_t(o.max_srq), "shared receive queues"},
+      {"max_srq_wr", std::uint64_t(o.max_srq_wr), "work requests per SRQ"},
+      {"max_srq_sge", std::uint64_t(o.max_srq_sge), "scatter/gather entries per SRQ request"},
+      {"max_ah", std::uint64_t(o.max_ah), "address handles"},
+      {"max_qp_rd_atom", std::uint64_t(o.max_qp_rd_atom), "outstanding reads/atomics per QP as responder"},
+      {"max_qp_init_rd_atom", std::uint64_t(o.max_qp_init_rd_atom), "outstanding reads/atomics per QP as initiator"},
+      {"max_pkeys", std::uint64_t(o.max_pkeys), "partition keys"},
+  };
+}
+
+constexpr const char* inline_note =
+    "not a device attribute: probed as the largest max_inline_data an RC QP could be created with";
+
+// ---- diagnosis -------------------------------------------------------------------------------
+
+// The netdev must carry a full RDMA packet: payload of the active MTU plus, in the worst case,
+// IPv6 40 + UDP 8 + BTH 12 + extended headers 16 + ICRC 4 (rdma_rxe reserves 80 too).
+constexpr unsigned roce_headers = 80;
+
+std::string some_interface() {  // an up, non-loopback interface with an IPv4 address, for advice
+  ifaddrs* list = nullptr;
+  std::string name = "<interface>";
+  if (::getifaddrs(&list) != 0) return name;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next)
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_LOOPBACK) == 0 &&
+        (i->ifa_flags & IFF_UP) != 0) {
+      name = i->ifa_name;
+      break;
+    }
+  ::freeifaddrs(list);
+  return name;
+}
+
+Finding no_device_finding(const std::string& only, const std::vector<verbs::DeviceInfo>& present) {
+  Finding f{"no_device", false, only.empty() ? "devices" : only, "", ""};
+  const bool kernel_rdma = exists("/sys/class/infiniband_verbs");
+  const std::string iface = some_interface();
+  f.message = only.empty() ? "no RDMA device found" : "no RDMA device named " + only;
+  if (!present.empty()) {
+    std::string names;
+    for (const verbs::DeviceInfo& d : present) names += (names.empty() ? "" : ", ") + d.name;
+    f.message += " (present: " + names + ")";
+    f.fix = "pick one of them with -d, or create " + only + " (SoftRoCE: `rdma link add " + only +
+            " type rxe netdev " + some_interface() + "`)";
+    return f;
+  }
+  if (!kernel_rdma)
+    f.message += "; this kernel has no RDMA support (/sys/class/infiniband_verbs is missing)";
+  f.fix = "create a SoftRoCE device on an Ethernet interface that has an IPv4 address: `modprobe rdma_rxe && "
+          "rdma link add rxe0 type rxe netdev " + iface + "` (as root; `ibv_devices` then lists rxe0)";
+  if (!kernel_rdma)
+    f.fix += ". This kernel needs CONFIG_INFINIBAND and CONFIG_RDMA_RXE for that; without them use another "
+             "kernel or a VM with one (in the verbs repository, scripts/rxe-vm runs a command in such a VM)";
+  return f;
+}
+
+std::vector<Finding> diagnose_port(const DeviceReport& d, const Port& p) {
+  std::vector<Finding> out;
+  const std::string subject = d.info.name + " port " + std::to_string(p.info.port_num);
+  const std::string nd = p.netdev ? p.netdev->name : std::string();
+
+  // 1. Port state.
+  if (p.info.active()) {
+    out.push_back({"port_active", true, subject, "ACTIVE", ""});
+  } else {
+    Finding f{"port_down", false, subject, "the port is " + std::string(state_text(p.info.state)), ""};
+    if (p.netdev && p.netdev->operstate != "up") {
+      f.message += " because its netdev " + nd + " is " + p.netdev->operstate;
+      f.fix = "bring the interface up: `ip link set " + nd + " up` (and check its cable or peer)";
+    } else if (p.info.is_ethernet()) {
+      f.fix = "check the link of " + (nd.empty() ? std::string("its netdev") : nd) + ": `ip link show " + nd +
+              "`, `rdma link show`";
+    } else {
+      f.fix = "an InfiniBand port needs a cable and a subnet manager (opensm) to become ACTIVE";
+    }
+    out.push_back(f);
+  }
+  if (!p.info.is_ethernet()) return out;  // the rest is about RoCE
+
+  // 2. A RoCE v2 GID with an IPv4 address (what rdma_cm and choose_gid want).
+  if (p.chosen && p.chosen->entry.type == verbs::GidType::roce_v2 && p.chosen->entry.gid.is_ipv4_mapped()) {
+    out.push_back({"ipv4_gid", true, subject,
+                   "GID index " + std::to_string(p.chosen->entry.index) + " " + p.chosen->entry.gid.to_string() +
+                       " (RoCE v2" + (nd.empty() ? "" : ", " + nd) + ")",
+                   ""});
+  } else {
+    Finding f{"no_ipv4_gid", false, subject, "no RoCE v2 GID with an IPv4 address", ""};
+    f.message += p.chosen ? "; verbs would use index " + std::to_string(p.chosen->entry.index) + " " +
+                                p.chosen->entry.gid.to_string() + " (" + p.chosen->reason + ")"
+                          : "; " + p.choose_error;
+    f.message += ", and rdma_cm cannot reach this port over IPv4";
+    f.fix = "give " + (nd.empty() ? std::string("the netdev") : nd) + " an IPv4 address: `ip addr add " +
+            "<address>/<prefix> dev " + (nd.empty() ? std::string("<netdev>") : nd) + "`";
+    out.push_back(f);
+  }
+
+  // 3. The netdev MTU against the active RDMA MTU.
+  if (p.netdev && p.netdev->mtu) {
+    const unsigned mtu = *p.netdev->mtu, active = verbs::mtu_bytes(p.info.active_mtu);
+    const std::string mtus = "netdev " + nd + " MTU " + std::to_string(mtu) + ", active RDMA MTU " +
+                             std::to_string(active);
+    if (mtu < active + roce_headers) {
+      out.push_back({"netdev_mtu_too_small", false, subject,
+                     mtus + ": the netdev cannot carry " + std::to_string(active) + "-byte RDMA packets (" +
+                         std::to_string(active + roce_headers) + " bytes with RoCE v2 headers)",
+                     "raise the MTU: `ip link set " + nd + " mtu " + std::to_string(active + roce_headers) +
+                         "` or more (1500 for RDMA MTU 1024, 9000 for 4096)"});
+    } else if (mtu < 1500) {
+      out.push_back({"netdev_mtu_small", false, subject,
+                     mtus + ": the netdev MTU is below Ethernet's 1500, so the active RDMA MTU drops to " +
+                         std::to_string(active) + " while peers on a standard network use 1024 or more, and "
+                         "their larger packets are dropped here",
+                     "`ip link set " + nd + " mtu 1500` (or 9000 on every host for RDMA MTU 4096)"});
+    } else {
+      out.push_back({"netdev_mtu", true, subject, mtus, ""});
+    }
+  } else {
+    out.push_back({"netdev_unknown", false, subject, "cannot find the netdev of this RoCE port, or read its MTU",
+                   "check `rdma link show`; the port needs an Ethernet interface"});
+  }
+  return out;
+}
+
+std::vector<Finding> diagnose(const std::vector<DeviceReport>& devices) {
+  std::vector<Finding> out;
+  for (const DeviceReport& d : devices) {
+    if (!d.open_error.empty()) {
+      out.push_back({"open_failed", false, d.info.name, "cannot open the device: " + d.open_error,
+                     "check the permissions of /dev/infiniband/uverbs* (and that the provider library, e.g. "
+                     "ibverbs-providers, is installed)"});
+      continue;
+    }
+    for (const Port& p : d.ports)
+      for (Finding& f : diagnose_port(d, p)) out.push_back(std::move(f));
+  }
+  // rdma_cm: the kernel module, and the device node user space talks to (made by rdma_ucm).
+  if (!exists("/sys/module/rdma_cm")) {
+    out.push_back({"rdma_cm_module_missing", false, "rdma_cm",
+                   "the rdma_cm kernel module is not loaded (/sys/module/rdma_cm is missing): connection setup "
+                   "with rdma_cm (verbs::cm, rping, ib_*_bw -R) fails",
+                   "`modprobe rdma_ucm` (it loads rdma_cm); to load it at boot, add rdma_ucm to "
+                   "/etc/modules-load.d/rdma.conf"});
+  } else if (!exists("/dev/infiniband/rdma_cm")) {
+    out.push_back({"rdma_cm_device_missing", false, "rdma_cm",
+                   "/dev/infiniband/rdma_cm is missing: librdmacm cannot reach the kernel's rdma_cm",
+                   "`modprobe rdma_ucm` (it creates the device node)"});
+  } else {
+    out.push_back({"rdma_cm", true, "rdma_cm", "module loaded, /dev/infiniband/rdma_cm present", ""});
+  }
+  return out;
+}
+
+// ---- output ---------------------------------------------------------------------------------------
+
+void print_text(const std::vector<DeviceReport>& devices) {
+  for (const DeviceReport& d : devices) {
+    std::printf("%s: %s, node GUID %s\n", d.info.name.c_str(), std::string(node_type_text(d.info.node_type)).c_str(),
+                guid_text(d.info.node_guid).c_str());
+    if (!d.open_error.empty()) {
+      std::printf("  cannot open: %s\n\n", d.open_error.c_str());
+      continue;
+    }
+    const ibv_device_attr& o = d.attr.orig_attr;
+    std::printf("  firmware %s, vendor 0x%x part %u, hardware 0x%x, %u port(s)\n", o.fw_ver, o.vendor_id,
+                o.vendor_part_id, o.hw_ver, unsigned(o.phys_port_cnt));
+    for (const Port& p : d.ports) {
+      const verbs::PortInfo& i = p.info;
+      std::printf("  port %u: %s, link layer %s, MTU active %u / max %u, speed %s", unsigned(i.port_num),
+                  std::string(state_text(i.state)).c_str(), std::string(link_layer_text(i.link_layer)).c_str(),
+                  verbs::mtu_bytes(i.active_mtu), verbs::mtu_bytes(i.max_mtu), speed_text(i).c_str());
+      if (!i.is_ethernet()) std::printf(", LID %u", unsigned(i.lid));
+      std::printf(", max message %u bytes\n", i.raw.max_msg_sz);
+      if (p.netdev)
+        std::printf("    netdev %s: %s, MTU %s\n", p.netdev->name.c_str(), p.netdev->operstate.c_str(),
+                    p.netdev->mtu ? std::to_string(*p.netdev->mtu).c_str() : "unknown");
+      std::printf("    GID table (%u entries, %zu in use):\n", i.gid_table_len, p.gids.size());
+      for (const verbs::GidEntry& g : p.gids)
+        std::printf("      %3u  %-40s %-8s %s\n", g.index, g.gid.to_string().c_str(),
+                    std::string(verbs::to_string(g.type)).c_str(), g.netdev.c_str());
+      if (p.chosen)
+        std::printf("    verbs chooses GID %u %s: %s\n", p.chosen->entry.index, p.chosen->entry.gid.to_string().c_str(),
+                    p.chosen->reason.c_str());
+      else
+        std::printf("    verbs chooses no GID: %s\n", p.choose_error.c_str());
+    }
+    std::printf("  limits:\n");
+    for (const Limit& l : limits(d.attr))
+      std::printf("    %-20s %-22llu %s\n", l.name, static_cast<unsigned long long>(l.value), l.what);
+    if (d.inline_data.error.empty())
+      std::printf("    %-20s %-22u inline bytes per send (%s)\n", "max_inline_data", d.inline_data.value, inline_note);
+    else
+      std::printf("    %-20s %-22s %s (%s)\n", "max_inline_data", "unknown", d.inline_data.error.c_str(), inline_note);
+    std::printf("    %-20s %s\n", "atomics", std::string(atomic_text(o.atomic_cap)).c_str());
+    std::printf("    %-20s %s\n", "on-demand paging", odp_text(d.attr).c_str());
+    std::printf("    %-20s %s\n\n", "memory windows", memory_windows_text(d.attr).c_str());
+  }
+}
+
+int print_check(const std::vector<Finding>& findings) {
+  int problems = 0;
+  for (const Finding& f : findings) {
+    if (f.ok) {
+      std::printf("ok       %s: %s\n", f.subject.c_str(), f.message.c_str());
+    } else {
+      ++problems;
+      std::printf("PROBLEM  %s: %s [%s]\n         fix: %s\n", f.subject.c_str(), f.message.c_str(), f.id.c_str(),
+                  f.fix.c_str());
+    }
+  }
+  if (problems == 0)
+    std::printf("verbs-info: healthy: the devices above are ready for verbs and rdma_cm\n");
+  else
+    std::printf("verbs-info: %d problem(s) found\n", problems);
+  return problems;
+}
+
+class Json {
+ public:
+  std::string str() const { return out_.str(); }
+  Json& raw(std::string_view s) { out_ << s; first_ = false; return *this; }
+  Json& string(std::string_view s) {
+    out_ << '"';
+    for (const char c : s) {
+      switch (c) {
+        case '"': out_ << "\\\""; break;
+        case '\\': out_ << "\\\\"; break;
+        case '\n': out_ << "\\n"; break;
+        case '\t': out_ << "\\t"; break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            char u[8];
+            std::snprintf(u, sizeof u, "\\u%04x", unsigned(c));
+            out_ << u;
+          } else {
+            out_ << c;
+          }
+      }
+    }
+    out_ << '"';
+    return *this;
+  }
+  Json& key(std::string_view k) { comma(); string(k); out_ << ':'; first_ = true; return *this; }
+  template <typename T>
+  Json& field(std::string_view k, const T& v) {
+    key(k);
+    if constexpr (std::is_same_v<T, bool>) out_ << (v ? "true" : "false");
+    else if constexpr (std::is_arithmetic_v<T>) out_ << +v;
+    else string(v);
+    first_ = false;
+    return *this;
+  }
+  Json& open(char c) { comma(); out_ << c; first_ = true; return *this; }
+  Json& close(char c) { out_ << c; first_ = false; return *this; }
+
+ private:
+  void comma() {
+    if (!first_) out_ << ',';
+    first_ = false;
+  }
+  std::ostringstream out_;
+  bool first_ = true;
+};
+
+std::string print_json(const std::vector<DeviceReport>& devices, const std::vector<Finding>& findings) {
+  Json j;
+  j.open('{').key("devices").open('[');
+  for (const DeviceReport& d : devices) {
+    j.open('{').field("name", d.info.name).field("node_type", node_type_text(d.info.node_type));
+    j.field("node_guid", guid_text(d.info.node_guid));
+    if (!d.open_error.empty()) {
+      j.field("open_error", d.open_error).close('}');
+      continue;
+    }
+    const ibv_device_attr& o = d.attr.orig_attr;
+    j.field("fw_ver", std::string(o.fw_ver)).field("vendor_id", o.vendor_id).field("vendor_part_id", o.vendor_part_id);
+    j.field("hw_ver", o.hw_ver).key("ports").open('[');
+    for (const Port& p : d.ports) {
+      const verbs::PortInfo& i = p.info;
+      j.open('{').field("port", i.port_num).field("state", state_text(i.state));
+      j.field("link_layer", link_layer_text(i.link_layer)).field("active_mtu", verbs::mtu_bytes(i.active_mtu));
+      j.field("max_mtu", verbs::mtu_bytes(i.max_mtu)).field("width", width_lanes(i.active_width));
+      j.field("speed", lane_speed(i.active_speed).second).field("gbps", port_gbps(i)).field("lid", i.lid);
+      j.field("max_msg_sz", i.raw.max_msg_sz).field("gid_table_len", i.gid_table_len);
+      j.key("netdev");
+      if (p.netdev) {
+        j.open('{').field("name", p.netdev->name).field("operstate", p.netdev->operstate).key("mtu");
+        if (p.netdev->mtu) j.raw(std::to_string(*p.netdev->mtu)); else j.raw("null");
+        j.close('}');
+      } else {
+        j.raw("null");
+      }
+      j.key("gids").open('[');
+      for (const verbs::GidEntry& g : p.gids)
+        j.open('{').field("index", g.index).field("gid", g.gid.to_string()).field("type", verbs::to_string(g.type))
+            .field("netdev", g.netdev).close('}');
+      j.close(']').key("chosen_gid");
+      if (p.chosen)
+        j.open('{').field("index", p.chosen->entry.index).field("gid", p.chosen->entry.gid.to_string())
+            .field("type", verbs::to_string(p.chosen->entry.type)).field("reason", p.chosen->reason).close('}');
+      else
+        j.open('{').field("error", p.choose_error).close('}');
+      j.close('}');
+    }
+    j.close(']').key("limits").open('{');
+    for (const Limit& l : limits(d.attr)) j.field(l.name, l.value);
+    j.key("max_inline_data").open('{');
+    if (d.inline_data.error.empty()) j.field("value", d.inline_data.value); else j.field("error", d.inline_data.error);
+    j.field("probed", true).field("note", inline_note).close('}');
+    j.field("atomic_cap", atomic_text(o.atomic_cap)).field("odp", odp_text(d.attr));
+    j.field("memory_windows", memory_windows_text(d.attr)).close('}').close('}');
+  }
+  j.close(']').key("checks").open('[');
+  bool healthy = true;
+  for (const Finding& f : findings) {
+    healthy = healthy && f.ok;
+    j.open('{').field("id", f.id).field("ok", f.ok).field("subject", f.subject).field("message", f.message);
+    if (!f.ok) j.field("fix", f.fix);
+    j.close('}');
+  }
+  j.close(']').field("healthy", healthy).close('}');
+  return j.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bool json = false, check = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--json") json = true;
+    else if (a == "--check") check = true;
+    else if ((a == "-d" || a == "--device") && i + 1 < argc) only = argv[++i];
+    else if (a == "-h" || a == "--help") { std::fputs(usage_text, stdout); return exit_ok; }
+    else { std::fprintf(stderr, "verbs-info: unknown argument '%s'\n%s", argv[i], usage_text); return exit_usage; }
+  }
+
+  const std::vector<verbs::DeviceInfo> present = verbs::list_devices();
+  std::vector<DeviceReport> devices;
+  for (const verbs::DeviceInfo& info : present)
+    if (only.empty() || info.name == only) devices.push_back(gather(info));
+
+  if (devices.empty()) {
+    const Finding f = no_device_finding(only, present);
+    std::fprintf(stderr, "verbs-info: %s.\nTo fix: %s\n", f.message.c_str(), f.fix.c_str());
+    if (json) std::printf("%s\n", print_json({}, {f}).c_str());
+    return exit_no_device;
+  }
+  const std::vector<Finding> findings = diagnose(devices);
+  if (json) {
+    std::printf("%s\n", print_json(devices, findings).c_str());
+    if (!check) return exit_ok;
+    for (const Finding& f : findings) if (!f.ok) return exit_problems;
+    return exit_ok;
+  }
+  if (check) return print_check(findings) == 0 ? exit_ok : exit_problems;
+  print_text(devices);
+  return exit_ok;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "verbs-info: %s\n", e.what());
+  return exit_no_device;
+}
