@@ -12,14 +12,15 @@
 
 namespace verbs {
 
+/// Where UD sends through an AddressHandle go (ibv_ah_attr).
 struct AhOptions {
   Gid dgid{};                      ///< destination GID (RoCE needs one: is_global is set when non-zero)
   std::uint16_t dlid = 0;        ///< destination LID (InfiniBand)
   std::uint8_t sgid_index = 0;   ///< local GID index (Device::choose_gid)
-  std::uint8_t port = 1;
-  std::uint8_t hop_limit = 64;
-  std::uint8_t traffic_class = 0;
-  std::uint8_t sl = 0;
+  std::uint8_t port = 1;            ///< local port
+  std::uint8_t hop_limit = 64;      ///< GRH hop limit (IP TTL on RoCE v2)
+  std::uint8_t traffic_class = 0;   ///< GRH traffic class (DSCP and ECN on RoCE v2)
+  std::uint8_t sl = 0;              ///< service level (InfiniBand; PCP on RoCE)
 };
 
 /// An address handle for UD sends. Move-only; keeps its protection domain alive.
@@ -32,13 +33,18 @@ class AddressHandle {
   [[nodiscard]] static AddressHandle reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,
                                               std::uint8_t port = 1);
 
+  ///@{
+  /// Move-only: the moved-from object is empty.
   AddressHandle(AddressHandle&&) noexcept = default;
   AddressHandle& operator=(AddressHandle&&) noexcept = default;
+  ///@}
   AddressHandle(const AddressHandle&) = delete;
   AddressHandle& operator=(const AddressHandle&) = delete;
   ~AddressHandle() = default;
+  /// Exchanges two AddressHandles.
   void swap(AddressHandle& o) noexcept { ah_.swap(o.ah_); }
 
+  /// The C handle.
   [[nodiscard]] ibv_ah* native_handle() const noexcept { return ah_.get(); }
 
  private:
@@ -46,6 +52,7 @@ class AddressHandle {
   std::shared_ptr<ibv_ah> ah_;
 };
 
+/// Exchanges two AddressHandles.
 inline void swap(AddressHandle& a, AddressHandle& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

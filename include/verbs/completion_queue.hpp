@@ -28,28 +28,40 @@ enum class WcOpcode : int {
   recv = IBV_WC_RECV,
   recv_rdma_with_imm = IBV_WC_RECV_RDMA_WITH_IMM,
 };
+/// The opcode's name, e.g. "RDMA_WRITE".
 std::string_view to_string(WcOpcode op) noexcept;
 
 /// One work completion. Layout-identical to ibv_wc, so polling writes straight into a span of
 /// these. Only status, wr_id, vendor_err and qp_num are meaningful on a failed completion.
 class Completion {
  public:
+  /// A zeroed completion, to poll into.
   Completion() noexcept = default;
+  /// A copy of a C work completion.
   explicit Completion(const ibv_wc& wc) noexcept : wc_(wc) {}
 
+  /// The wr_id of the request this completes.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return wc_.wr_id; }
+  /// Success or why the request failed.
   [[nodiscard]] WcStatus status() const noexcept { return static_cast<WcStatus>(wc_.status); }
+  /// True on success.
   [[nodiscard]] bool ok() const noexcept { return wc_.status == IBV_WC_SUCCESS; }
+  /// What completed (meaningful on success only).
   [[nodiscard]] WcOpcode opcode() const noexcept { return static_cast<WcOpcode>(wc_.opcode); }
+  /// Bytes received (receives; on UD including the 40-byte GRH), or read/atomic result size.
   [[nodiscard]] std::uint32_t byte_len() const noexcept { return wc_.byte_len; }
   /// Immediate data in host byte order, if the completion carries any.
   [[nodiscard]] std::optional<std::uint32_t> imm_data() const noexcept {
     if ((wc_.wc_flags & IBV_WC_WITH_IMM) == 0) return std::nullopt;
     return ntohl(wc_.imm_data);
   }
+  /// The local QP the request belonged to.
   [[nodiscard]] std::uint32_t qp_num() const noexcept { return wc_.qp_num; }
+  /// The sender's QP number (UD receives).
   [[nodiscard]] std::uint32_t src_qp() const noexcept { return wc_.src_qp; }
+  /// The provider's own error code, for a failed completion.
   [[nodiscard]] std::uint32_t vendor_err() const noexcept { return wc_.vendor_err; }
+  /// IBV_WC_* flags (GRH, WITH_IMM, ...).
   [[nodiscard]] unsigned wc_flags() const noexcept { return wc_.wc_flags; }
   /// True when a UD receive starts with the 40-byte GRH.
   [[nodiscard]] bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
@@ -61,6 +73,7 @@ class Completion {
   void throw_if_failed(SourceLocation where = SourceLocation::current()) const {
     if (!ok()) [[unlikely]] throw_failed(where);
   }
+  /// The C work completion.
   [[nodiscard]] const ibv_wc& native() const noexcept { return wc_; }
 
  private:
@@ -69,10 +82,11 @@ class Completion {
 };
 static_assert(sizeof(Completion) == sizeof(ibv_wc) && std::is_standard_layout_v<Completion>);
 
+/// Options of a CompletionQueue.
 struct CqOptions {
   int depth = 256;             ///< at least this many entries (devices round up)
   bool with_channel = false;   ///< a completion channel, for wait() without busy polling and for fd()
-  int comp_vector = 0;
+  int comp_vector = 0;         ///< completion vector (interrupt) for the channel
 };
 
 /// A completion queue. Move-only; kept alive by the queue pairs that use it.
@@ -82,11 +96,15 @@ class CompletionQueue {
   /// depth over max_cqe, ENOMEM).
   explicit CompletionQueue(const Device& device, CqOptions options = {});
 
+  ///@{
+  /// Move-only: the moved-from object is empty.
   CompletionQueue(CompletionQueue&&) noexcept = default;
   CompletionQueue& operator=(CompletionQueue&&) noexcept = default;
+  ///@}
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
   ~CompletionQueue() = default;
+  /// Exchanges two CompletionQueues.
   void swap(CompletionQueue& o) noexcept { cq_.swap(o.cq_); }
 
   /// Polls up to out.size() completions; returns the filled front of `out`, empty when none is
@@ -115,8 +133,11 @@ class CompletionQueue {
 
   /// Waits up to `timeout` for at least one completion and returns what was polled; empty on
   /// timeout. With a channel it sleeps on the channel's fd; without one it busy-polls.
+  ///@{
   std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
   std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout);
+  ///@}
+  /// One completion, waiting up to `timeout`; empty on timeout.
   std::optional<Completion> wait_one(std::chrono::milliseconds timeout) {
     Completion c;
     if (wait(std::span(&c, 1), timeout).empty()) return std::nullopt;
@@ -127,21 +148,27 @@ class CompletionQueue {
   void req_notify(bool solicited_only = false);
   /// Consumes and acknowledges pending channel events without blocking; returns how many. Call
   /// when fd() is readable, then poll, then req_notify again.
+  ///@{
   int consume_events();
   int consume_events(std::error_code& ec) noexcept;
+  ///@}
   /// The completion channel's fd (non-blocking), for an event loop; -1 without a channel.
   [[nodiscard]] int fd() const noexcept;
+  /// True when made with a completion channel.
   [[nodiscard]] bool has_channel() const noexcept { return cq_->channel != nullptr; }
   /// Entries the device actually gave the CQ (at least the depth asked for).
   [[nodiscard]] int capacity() const noexcept { return cq_->cqe; }
 
+  /// The C handle.
   [[nodiscard]] ibv_cq* native_handle() const noexcept { return cq_.get(); }
+  /// Shared ownership of the CQ, for the QPs that use it.
   [[nodiscard]] const std::shared_ptr<ibv_cq>& shared_handle() const noexcept { return cq_; }
 
  private:
   std::shared_ptr<ibv_cq> cq_;  // deleter destroys the channel after the CQ and holds the device context
 };
 
+/// Exchanges two CompletionQueues.
 inline void swap(CompletionQueue& a, CompletionQueue& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

@@ -16,27 +16,34 @@
 
 namespace verbs {
 
+/// The type of a GID table entry (enum ibv_gid_type).
 enum class GidType : std::uint8_t { ib = IBV_GID_TYPE_IB, roce_v1 = IBV_GID_TYPE_ROCE_V1, roce_v2 = IBV_GID_TYPE_ROCE_V2 };
+/// "IB", "RoCE v1" or "RoCE v2".
 std::string_view to_string(GidType t) noexcept;
 
 /// A 128-bit GID (an IPv6 address on RoCE).
 struct Gid {
-  std::array<std::uint8_t, 16> raw{};
+  std::array<std::uint8_t, 16> raw{};  ///< network byte order
 
+  /// From the C union.
   [[nodiscard]] static Gid from_native(const ibv_gid& g) noexcept;
+  /// As the C union.
   [[nodiscard]] ibv_gid native() const noexcept;
+  /// True for the all-zero GID (an empty table slot).
   [[nodiscard]] bool is_zero() const noexcept;
-  /// ::ffff:a.b.c.d, the GID RoCE v2 derives from an IPv4 address.
+  /// True for \::ffff:a.b.c.d, the GID RoCE v2 derives from an IPv4 address.
   [[nodiscard]] bool is_ipv4_mapped() const noexcept;
-  /// Text form as IPv6 ("::ffff:192.0.2.1", "fe80::...").
+  /// Text form as IPv6 (\::ffff:192.0.2.1, fe80::...).
   [[nodiscard]] std::string to_string() const;
+  /// Equal when all 16 bytes are.
   friend bool operator==(const Gid&, const Gid&) = default;
 };
 
+/// One valid entry of a port's GID table (ibv_query_gid_ex(3)).
 struct GidEntry {
-  Gid gid;
-  std::uint32_t index = 0;
-  GidType type = GidType::ib;
+  Gid gid;                     ///< the GID
+  std::uint32_t index = 0;     ///< its index: a QP's or AH's sgid_index
+  GidType type = GidType::ib;  ///< IB, RoCE v1 or RoCE v2
   std::string netdev;  ///< network interface the entry belongs to (empty on IB)
 };
 
@@ -51,38 +58,41 @@ enum class Mtu : std::uint8_t {
   return v >= 1 && v <= 5 ? 128u << v : 0;
 }
 
+/// The link layer of a port (IBV_LINK_LAYER_*): RoCE ports are Ethernet.
 enum class LinkLayer : std::uint8_t {
   unspecified = IBV_LINK_LAYER_UNSPECIFIED, infiniband = IBV_LINK_LAYER_INFINIBAND, ethernet = IBV_LINK_LAYER_ETHERNET,
 };
 
 /// Port attributes (ibv_query_port(3)).
 struct PortInfo {
-  std::uint8_t port_num = 1;
-  ibv_port_state state = IBV_PORT_NOP;
-  Mtu max_mtu = Mtu::mtu1024;
-  Mtu active_mtu = Mtu::mtu1024;
-  LinkLayer link_layer = LinkLayer::unspecified;
-  std::uint16_t lid = 0;
-  std::uint32_t gid_table_len = 0;
-  std::uint8_t active_width = 0;
-  std::uint32_t active_speed = 0;
-  ibv_port_attr raw{};
+  std::uint8_t port_num = 1;                      ///< 1-based port number
+  ibv_port_state state = IBV_PORT_NOP;            ///< IBV_PORT_ACTIVE when usable
+  Mtu max_mtu = Mtu::mtu1024;                     ///< largest MTU the port supports
+  Mtu active_mtu = Mtu::mtu1024;                  ///< MTU in use (on RoCE: from the netdev MTU)
+  LinkLayer link_layer = LinkLayer::unspecified;  ///< Ethernet for RoCE, InfiniBand for IB
+  std::uint16_t lid = 0;                          ///< InfiniBand LID; 0 on RoCE
+  std::uint32_t gid_table_len = 0;                ///< slots in the GID table, used or not
+  std::uint8_t active_width = 0;                  ///< lanes code: 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X
+  std::uint32_t active_speed = 0;                 ///< per-lane speed code: 1 = SDR 2.5 Gb/s ... 128 = NDR
+  ibv_port_attr raw{};                            ///< everything ibv_query_port returned
 
+  /// True when the port is ACTIVE.
   [[nodiscard]] bool active() const noexcept { return state == IBV_PORT_ACTIVE; }
+  /// True for a RoCE (Ethernet) port.
   [[nodiscard]] bool is_ethernet() const noexcept { return link_layer == LinkLayer::ethernet; }
 };
 
 /// The GID the library picks for a port, and why (for diagnostics).
 struct GidChoice {
-  GidEntry entry;
-  std::string reason;
+  GidEntry entry;      ///< the GID picked
+  std::string reason;  ///< why it was picked, in words
 };
 
 /// One entry of ibv_get_device_list(3).
 struct DeviceInfo {
-  std::string name;
-  std::uint64_t node_guid = 0;  ///< host byte order
-  ibv_node_type node_type = IBV_NODE_UNKNOWN;
+  std::string name;                            ///< e.g. "rxe0", "mlx5_0"
+  std::uint64_t node_guid = 0;                 ///< host byte order
+  ibv_node_type node_type = IBV_NODE_UNKNOWN;  ///< IBV_NODE_CA for a NIC or SoftRoCE
 };
 
 /// The RDMA devices present. Empty when there are none (not an error).
@@ -91,8 +101,9 @@ struct DeviceInfo {
 
 /// An asynchronous event of a device (ibv_get_async_event(3)), already acknowledged.
 struct AsyncEvent {
-  ibv_event_type type{};
+  ibv_event_type type{};  ///< what happened
   ibv_async_event raw{};  ///< element pointers stay meaningful while the objects live
+  /// The event's name (ibv_event_type_str(3)).
   [[nodiscard]] std::string_view name() const noexcept { return ibv_event_type_str(type); }
 };
 
@@ -108,16 +119,22 @@ class Device {
   /// decides what ends its life; objects made from the Device keep `ctx` alive.
   [[nodiscard]] static Device adopt(std::shared_ptr<ibv_context> ctx);
 
+  ///@{
+  /// Move-only: the moved-from Device is empty.
   Device(Device&&) noexcept = default;
   Device& operator=(Device&&) noexcept = default;
+  ///@}
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
   ~Device() = default;
+  /// Exchanges two devices.
   void swap(Device& o) noexcept;
 
+  /// The device name, e.g. "rxe0".
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// Device attributes from ibv_query_device_ex(3), read at open.
   [[nodiscard]] const ibv_device_attr_ex& attributes() const noexcept { return attr_; }
+  /// Number of physical ports (ports are numbered from 1).
   [[nodiscard]] std::uint8_t port_count() const noexcept { return attr_.orig_attr.phys_port_cnt; }
   /// ibv_query_port(3). Throws Error (EINVAL for a port that does not exist).
   [[nodiscard]] PortInfo port(std::uint8_t port_num = 1) const;
@@ -131,6 +148,7 @@ class Device {
   /// Waits up to `timeout` for an async event; empty when none came.
   [[nodiscard]] std::optional<AsyncEvent> wait_async_event(std::chrono::milliseconds timeout) const;
 
+  /// The C handle, for calls the wrapper does not cover.
   [[nodiscard]] ibv_context* native_handle() const noexcept { return ctx_.get(); }
   /// Shared ownership of the context, for objects made from this device.
   [[nodiscard]] const std::shared_ptr<ibv_context>& shared_handle() const noexcept { return ctx_; }
@@ -143,6 +161,7 @@ class Device {
   ibv_device_attr_ex attr_{};
 };
 
+/// Exchanges two devices.
 inline void swap(Device& a, Device& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

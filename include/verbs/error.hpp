@@ -17,6 +17,7 @@ namespace verbs {
 /// together), and so the library's ABI does not depend on which of the two a user compiles with.
 class SourceLocation {
  public:
+  /// The location of the call (the default arguments are evaluated at the caller).
   static constexpr SourceLocation current(const char* file = __builtin_FILE(),
                                           const char* function = __builtin_FUNCTION(),
                                           std::uint_least32_t line = __builtin_LINE()) noexcept {
@@ -26,8 +27,11 @@ class SourceLocation {
     l.line_ = line;
     return l;
   }
+  /// Source file of the call.
   [[nodiscard]] constexpr const char* file_name() const noexcept { return file_; }
+  /// Function that made the call.
   [[nodiscard]] constexpr const char* function_name() const noexcept { return function_; }
+  /// Line of the call.
   [[nodiscard]] constexpr std::uint_least32_t line() const noexcept { return line_; }
 
  private:
@@ -83,21 +87,28 @@ enum class WcStatus : int {
   tm_rndv_incomplete = IBV_WC_TM_RNDV_INCOMPLETE,
 };
 
+/// The category of Errc: checks the library makes itself (name "verbs").
 const std::error_category& verbs_category() noexcept;
+/// The category of WcStatus: failed work completions (name "ibv_wc_status").
 const std::error_category& wc_category() noexcept;
 
+///@{
+/// Makes Errc and WcStatus values std::error_codes (found by argument-dependent lookup).
 inline std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), verbs_category()}; }
 inline std::error_code make_error_code(WcStatus s) noexcept { return {static_cast<int>(s), wc_category()}; }
+///@}
 
 /// The exception every throwing call of the library raises. what() names the failing verb or
 /// check, the reason, and the source location of the call that failed.
 class Error : public std::system_error {
  public:
+  /// `context` names the failing verb or check; `where` is the call site.
   Error(std::error_code code, std::string_view context,
         SourceLocation where = SourceLocation::current());
 
   /// The verb or check that failed, e.g. "ibv_reg_mr".
   [[nodiscard]] const std::string& context() const noexcept { return context_; }
+  /// The call site of the failing call.
   [[nodiscard]] const SourceLocation& where() const noexcept { return where_; }
 
  private:
@@ -140,7 +151,9 @@ inline void check_rc(int rc, std::string_view verb, SourceLocation where = Sourc
 }  // namespace detail
 }  // namespace verbs
 
+/// @cond
 template <>
 struct std::is_error_code_enum<verbs::Errc> : std::true_type {};
 template <>
 struct std::is_error_code_enum<verbs::WcStatus> : std::true_type {};
+/// @endcond

@@ -34,27 +34,38 @@ enum class Access : unsigned {
 };
 
 template <>
+/// Makes Access a bitmask enum: Flags<Access> (AccessFlags) and its operators.
 struct FlagTraits<Access> {
-  static constexpr bool is_bitmask = true;
+  static constexpr bool is_bitmask = true;  ///< Access is a set of bits
+  /// Every defined Access bit.
   static constexpr unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
                                   IBV_ACCESS_ON_DEMAND | IBV_ACCESS_RELAXED_ORDERING;
 };
+/// A set of Access rights, e.g. `Access::local_write | Access::remote_write`.
 using AccessFlags = Flags<Access>;
 
 /// A local scatter/gather entry {addr, length, lkey}: a view into registered memory, cheap to
 /// copy. Layout-identical to ibv_sge, so a span of slices is handed to the device as is.
 class LocalSlice {
  public:
+  /// An empty slice.
   constexpr LocalSlice() noexcept = default;
+  /// A slice of registered memory; normally made by MemoryRegion::slice().
   constexpr LocalSlice(std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) noexcept
       : sge_{addr, length, lkey} {}
 
+  /// Start address.
   [[nodiscard]] constexpr std::uint64_t addr() const noexcept { return sge_.addr; }
+  /// Length in bytes.
   [[nodiscard]] constexpr std::uint32_t length() const noexcept { return sge_.length; }
+  /// Local key of the region.
   [[nodiscard]] constexpr std::uint32_t lkey() const noexcept { return sge_.lkey; }
+  /// The memory, as a pointer.
   [[nodiscard]] std::byte* data() const noexcept { return reinterpret_cast<std::byte*>(sge_.addr); }  // NOLINT
+  /// The memory, as bytes.
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), sge_.length}; }
+  /// The C scatter/gather entry.
   [[nodiscard]] const ibv_sge& native() const noexcept { return sge_; }
 
  private:
@@ -65,20 +76,24 @@ static_assert(sizeof(LocalSlice) == sizeof(ibv_sge) && std::is_standard_layout_v
 /// What a peer needs to address a region with RDMA: {addr, length, rkey}. A value type with a
 /// fixed little-endian wire encoding (encode()/decode()).
 struct RemoteSlice {
-  std::uint64_t addr = 0;
-  std::uint64_t length = 0;
-  std::uint32_t rkey = 0;
+  std::uint64_t addr = 0;    ///< remote virtual address
+  std::uint64_t length = 0;  ///< bytes from addr
+  std::uint32_t rkey = 0;    ///< remote key
 
   /// Bytes of the wire form: magic "VR", version 1, a zero byte, rkey u32, addr u64, length u64.
   static constexpr std::size_t wire_size = 24;
+  /// The encoded form.
   using Wire = std::array<std::byte, wire_size>;
 
+  /// The wire form, to send to the peer.
   [[nodiscard]] Wire encode() const noexcept;
+  ///@{
   /// Parses encode()'s output. Throws Error(Errc::bad_encoding) saying what is wrong: a size
   /// other than wire_size, wrong magic or version, a non-zero reserved byte, addr + length
   /// wrapping around.
   [[nodiscard]] static RemoteSlice decode(std::span<const std::byte> wire);
   [[nodiscard]] static std::optional<RemoteSlice> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
+  ///@}
 
   /// The part [offset, offset + len). Throws Error(Errc::remote_out_of_bounds) if it does not fit.
   [[nodiscard]] RemoteSlice slice(std::uint64_t offset, std::uint64_t len,
@@ -93,30 +108,39 @@ struct RemoteSlice {
     if (offset > length || len > length - offset) return std::nullopt;
     return RemoteSlice{addr + offset, len, rkey};
   }
+  /// Equal when address, length and key are.
   friend constexpr bool operator==(const RemoteSlice&, const RemoteSlice&) = default;
 };
 
 /// Page-aligned, zero-filled heap memory for registration; move-only.
 class Buffer {
  public:
+  /// No memory.
   Buffer() noexcept = default;
   /// Allocates `size` bytes (rounded up to whole pages). Throws std::bad_alloc.
   explicit Buffer(std::size_t size);
+  ///@{
+  /// Move-only: the moved-from Buffer is empty.
   Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     Buffer(std::move(o)).swap(*this);
     return *this;
   }
+  ///@}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();
+  /// Exchanges two Buffers.
   void swap(Buffer& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
   }
 
+  /// The memory; null when empty.
   [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// Bytes allocated (whole pages).
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// The memory as bytes.
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }
 
  private:
@@ -146,6 +170,7 @@ class MemoryRegion {
   /// Allocates a page-aligned zeroed buffer of `size` bytes owned by the region, and registers it.
   [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {});
 
+  /// Move-only: the moved-from region is empty.
   MemoryRegion(MemoryRegion&&) noexcept = default;
   /// Deregisters the old region before its owned buffer is freed.
   MemoryRegion& operator=(MemoryRegion&& o) noexcept {
@@ -155,19 +180,26 @@ class MemoryRegion {
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
   ~MemoryRegion() = default;
+  /// Exchanges two MemoryRegions.
   void swap(MemoryRegion& o) noexcept {
     buffer_.swap(o.buffer_);
     mr_.swap(o.mr_);
     std::swap(access_, o.access_);
   }
 
+  /// The registered memory.
   [[nodiscard]] std::span<std::byte> bytes() const noexcept {
     return {static_cast<std::byte*>(mr_->addr), mr_->length};
   }
+  /// Start of the registered memory.
   [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
+  /// Bytes registered.
   [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
+  /// Local key, for local slices.
   [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
+  /// Remote key, for the peer (see remote()).
   [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+  /// The rights the region was registered with.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
 
   /// A local slice [offset, offset + len). Throws Error(Errc::local_out_of_bounds) when it does
@@ -195,6 +227,7 @@ class MemoryRegion {
     return {reinterpret_cast<std::uint64_t>(mr_->addr), mr_->length, mr_->rkey};  // NOLINT
   }
 
+  /// The C handle.
   [[nodiscard]] ibv_mr* native_handle() const noexcept { return mr_.get(); }
 
  private:
@@ -205,7 +238,9 @@ class MemoryRegion {
   AccessFlags access_;
 };
 
+/// Exchanges two MemoryRegions.
 inline void swap(MemoryRegion& a, MemoryRegion& b) noexcept { a.swap(b); }
+/// Exchanges two Buffers.
 inline void swap(Buffer& a, Buffer& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

@@ -16,20 +16,27 @@ class ProtectionDomain {
   /// ibv_alloc_pd(3). Throws Error (ENOMEM).
   explicit ProtectionDomain(const Device& device);
 
+  ///@{
+  /// Move-only: the moved-from object is empty.
   ProtectionDomain(ProtectionDomain&&) noexcept = default;
   ProtectionDomain& operator=(ProtectionDomain&&) noexcept = default;
+  ///@}
   ProtectionDomain(const ProtectionDomain&) = delete;
   ProtectionDomain& operator=(const ProtectionDomain&) = delete;
   ~ProtectionDomain() = default;
+  /// Exchanges two ProtectionDomains.
   void swap(ProtectionDomain& o) noexcept { pd_.swap(o.pd_); }
 
+  /// The C handle.
   [[nodiscard]] ibv_pd* native_handle() const noexcept { return pd_.get(); }
+  /// Shared ownership of the PD, for objects made from it.
   [[nodiscard]] const std::shared_ptr<ibv_pd>& shared_handle() const noexcept { return pd_; }
 
  private:
   std::shared_ptr<ibv_pd> pd_;
 };
 
+/// Exchanges two ProtectionDomains.
 inline void swap(ProtectionDomain& a, ProtectionDomain& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

@@ -19,7 +19,9 @@
 
 namespace verbs {
 
+/// Queue pair transport: reliable connected, unreliable connected, unreliable datagram.
 enum class QpType : std::uint8_t { rc = IBV_QPT_RC, uc = IBV_QPT_UC, ud = IBV_QPT_UD };
+/// "RC", "UC" or "UD".
 std::string_view to_string(QpType t) noexcept;
 
 /// Mirrors enum ibv_qp_state.
@@ -27,20 +29,22 @@ enum class QpState : std::uint8_t {
   reset = IBV_QPS_RESET, init = IBV_QPS_INIT, rtr = IBV_QPS_RTR, rts = IBV_QPS_RTS,
   sqd = IBV_QPS_SQD, sqe = IBV_QPS_SQE, err = IBV_QPS_ERR, unknown = IBV_QPS_UNKNOWN,
 };
+/// The state's name, e.g. "RTS".
 std::string_view to_string(QpState s) noexcept;
 
+/// How to create a QueuePair (ibv_qp_init_attr and the INIT attributes).
 struct QpOptions {
-  QpType type = QpType::rc;
-  std::uint32_t max_send_wr = 128;
-  std::uint32_t max_recv_wr = 128;
-  std::uint32_t max_send_sge = 1;
-  std::uint32_t max_recv_sge = 1;
-  std::uint32_t max_inline_data = 0;
+  QpType type = QpType::rc;               ///< RC, UC or UD
+  std::uint32_t max_send_wr = 128;        ///< outstanding send-queue requests (devices round up)
+  std::uint32_t max_recv_wr = 128;        ///< outstanding receives (ignored with an SRQ)
+  std::uint32_t max_send_sge = 1;         ///< scatter/gather entries per send request
+  std::uint32_t max_recv_sge = 1;         ///< scatter/gather entries per receive
+  std::uint32_t max_inline_data = 0;      ///< inline bytes per send; the device limit is not queryable (verbs-info probes it)
   bool signal_all = false;                    ///< every send completes, whatever PostOptions::signaled says
   const SharedReceiveQueue* srq = nullptr;    ///< receives come from this SRQ (kept alive by the QP)
   AccessFlags access = {};                    ///< remote operations the peer may perform (RC/UC); none by default
-  std::uint8_t port = 1;
-  std::uint16_t pkey_index = 0;
+  std::uint8_t port = 1;                      ///< local port
+  std::uint16_t pkey_index = 0;               ///< partition key index
   std::uint32_t qkey = 0x11111111;            ///< UD only
   std::optional<std::uint32_t> gid_index = std::nullopt;     ///< default: Device::choose_gid's pick
 };
@@ -48,7 +52,7 @@ struct QpOptions {
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
 /// little-endian wire encoding for exchanging it out of band.
 struct Endpoint {
-  std::uint32_t qp_num = 0;
+  std::uint32_t qp_num = 0;  ///< the QP number
   std::uint32_t psn = 0;     ///< 24 bits
   std::uint32_t qkey = 0;    ///< UD
   Gid gid{};                   ///< zero on InfiniBand without a GRH
@@ -58,11 +62,17 @@ struct Endpoint {
   /// Magic "VE", version 1, a zero byte, qp_num, psn, qkey (u32 each), lid u16, mtu u8, a zero
   /// byte, gid (16 bytes).
   static constexpr std::size_t wire_size = 36;
+  /// The encoded form.
   using Wire = std::array<std::byte, wire_size>;
+  /// The wire form, to send to the peer.
   [[nodiscard]] Wire encode() const noexcept;
-  /// Throws Error(Errc::bad_encoding) saying what is wrong.
+  ///@{
+  /// Parses encode()'s output. Throws Error(Errc::bad_encoding) saying what is wrong; the
+  /// error_code form returns empty instead.
   [[nodiscard]] static Endpoint decode(std::span<const std::byte> wire);
   [[nodiscard]] static std::optional<Endpoint> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
+  ///@}
+  /// Equal when every field is.
   friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
 
@@ -74,11 +84,11 @@ struct ConnectOptions {
   std::optional<std::uint8_t> max_dest_rd_atomic = std::nullopt; ///< as responder; default min(16, device)
   std::uint8_t min_rnr_timer = 12;           ///< 0.64 ms
   std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
-  std::uint8_t retry_cnt = 6;
-  std::uint8_t rnr_retry = 6;
-  std::uint8_t sl = 0;
-  std::uint8_t traffic_class = 0;
-  std::uint8_t hop_limit = 64;
+  std::uint8_t retry_cnt = 6;                ///< transport retries (7 is infinite on rxe)
+  std::uint8_t rnr_retry = 6;                ///< receiver-not-ready retries (7 is infinite)
+  std::uint8_t sl = 0;                       ///< service level
+  std::uint8_t traffic_class = 0;            ///< GRH traffic class (DSCP and ECN on RoCE v2)
+  std::uint8_t hop_limit = 64;               ///< GRH hop limit (IP TTL on RoCE v2)
 };
 
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
@@ -91,10 +101,12 @@ class QueuePair {
  public:
   /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an
   /// inline size over max_inline_data; ENOMEM).
+  ///@{
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
             const QpOptions& options = {});
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {})
       : QueuePair(pd, cq, cq, options) {}
+  ///@}
 
   /// The attributes the constructor passes to ibv_create_qp, for code that creates the QP
   /// elsewhere (e.g. rdma_create_qp(3)) and then adopts it.
@@ -106,11 +118,15 @@ class QueuePair {
   [[nodiscard]] static QueuePair adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
                                        const ibv_qp_cap& granted);
 
+  ///@{
+  /// Move-only: the moved-from QP is empty.
   QueuePair(QueuePair&&) noexcept = default;
   QueuePair& operator=(QueuePair&&) noexcept = default;
+  ///@}
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
   ~QueuePair() = default;
+  /// Exchanges two QueuePairs.
   void swap(QueuePair& o) noexcept { std::swap(*this, o); }
 
   // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
@@ -135,14 +151,19 @@ class QueuePair {
 
   /// What the peer needs to connect to this QP.
   [[nodiscard]] Endpoint endpoint() const noexcept { return local_; }
+  /// The QP number.
   [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
+  /// RC, UC or UD.
   [[nodiscard]] QpType type() const noexcept { return type_; }
+  ///@{
   /// Capacities the device granted (at least what was asked).
   [[nodiscard]] std::uint32_t max_send_sge() const noexcept { return max_send_sge_; }
   [[nodiscard]] std::uint32_t max_recv_sge() const noexcept { return max_recv_sge_; }
   [[nodiscard]] std::uint32_t max_inline_data() const noexcept { return max_inline_; }
   [[nodiscard]] std::uint32_t max_send_wr() const noexcept { return max_send_wr_; }
   [[nodiscard]] std::uint32_t max_recv_wr() const noexcept { return max_recv_wr_; }
+  ///@}
+  /// The local GID index the QP uses (RoCE, or IB with a GRH).
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
 
   // ---- posting ----
@@ -179,6 +200,7 @@ class QueuePair {
     return {};
   }
 
+  ///@{
   /// RDMA write (SendWr::write).
   PostResult post_write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     return post(SendWr::write(src, dst, o));
@@ -186,10 +208,12 @@ class QueuePair {
   PostResult post_write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     return post(SendWr::write(src, dst, o));
   }
+  ///@}
   /// RDMA write with immediate (host byte order).
   PostResult post_write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     return post(SendWr::write_imm(src, dst, imm, o));
   }
+  ///@{
   /// RDMA read of the front of `src` into `dst`.
   PostResult post_read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     return post(SendWr::read(dst, src, o));
@@ -197,11 +221,15 @@ class QueuePair {
   PostResult post_read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     return post(SendWr::read(dst, src, o));
   }
+  ///@}
+  ///@{
   /// Send (RC/UC; UD needs SendWr::send(...).to(ah, qpn, qkey)).
   PostResult post_send(LocalSlice src, const PostOptions& o = {}) noexcept { return post(SendWr::send(src, o)); }
   PostResult post_send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
     return post(SendWr::send(src, o));
   }
+  ///@}
+  /// Send with immediate (`imm` in host byte order).
   PostResult post_send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     return post(SendWr::send_imm(src, imm, o));
   }
@@ -216,6 +244,7 @@ class QueuePair {
     return post(SendWr::compare_swap(result, target, compare, swap, o));
   }
 
+  ///@{
   /// Posts receives (ibv_post_recv(3)). Rejected with Errc::qp_has_srq on a QP that uses an
   /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
@@ -234,6 +263,9 @@ class QueuePair {
     return post_recv(std::span(&wr, 1));
   }
 
+  ///@}
+
+  /// The C handle.
   [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
 
  private:
@@ -263,6 +295,7 @@ class QueuePair {
   bool ethernet_ = false;
 };
 
+/// Exchanges two QueuePairs.
 inline void swap(QueuePair& a, QueuePair& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

@@ -12,9 +12,10 @@
 
 namespace verbs {
 
+/// Sizes of a SharedReceiveQueue (ibv_srq_init_attr).
 struct SrqOptions {
-  std::uint32_t max_wr = 256;
-  std::uint32_t max_sge = 1;
+  std::uint32_t max_wr = 256;  ///< receives it can hold (devices round up)
+  std::uint32_t max_sge = 1;   ///< scatter/gather entries per receive
   std::uint32_t limit = 0;  ///< 0: not armed; see arm()
 };
 
@@ -25,11 +26,15 @@ class SharedReceiveQueue {
   /// ibv_create_srq(3). Throws Error (EINVAL for sizes over the device's max_srq_wr/max_srq_sge).
   explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {});
 
+  ///@{
+  /// Move-only: the moved-from object is empty.
   SharedReceiveQueue(SharedReceiveQueue&&) noexcept = default;
   SharedReceiveQueue& operator=(SharedReceiveQueue&&) noexcept = default;
+  ///@}
   SharedReceiveQueue(const SharedReceiveQueue&) = delete;
   SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
   ~SharedReceiveQueue() = default;
+  /// Exchanges two SharedReceiveQueues.
   void swap(SharedReceiveQueue& o) noexcept {
     srq_.swap(o.srq_);
     std::swap(max_wr_, o.max_wr_);
@@ -38,6 +43,7 @@ class SharedReceiveQueue {
 
   /// Posts receives (ibv_post_srq_recv(3)). The buffers must stay valid until completed.
   /// Fails with Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
+  ///@{
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
     return RecvWr::post_chain(wrs, max_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_srq_recv(srq_.get(), wr, bad);
@@ -47,16 +53,21 @@ class SharedReceiveQueue {
     RecvWr wr(dst, wr_id);
     return post_recv(std::span(&wr, 1));
   }
+  ///@}
 
   /// Arms the limit event: IBV_EVENT_SRQ_LIMIT_REACHED (Device::wait_async_event) fires once
   /// fewer than `limit` receives remain, and the limit resets to 0.
   void arm(std::uint32_t limit);
   /// The current limit (ibv_query_srq(3)); 0 once the event has fired.
   [[nodiscard]] std::uint32_t limit() const;
+  /// Receives the SRQ can hold, as granted.
   [[nodiscard]] std::uint32_t max_wr() const noexcept { return max_wr_; }
+  /// Scatter/gather entries per receive, as granted.
   [[nodiscard]] std::uint32_t max_sge() const noexcept { return max_sge_; }
 
+  /// The C handle.
   [[nodiscard]] ibv_srq* native_handle() const noexcept { return srq_.get(); }
+  /// Shared ownership of the SRQ, for the QPs that use it.
   [[nodiscard]] const std::shared_ptr<ibv_srq>& shared_handle() const noexcept { return srq_; }
 
  private:
@@ -65,6 +76,7 @@ class SharedReceiveQueue {
   std::uint32_t max_sge_ = 0;
 };
 
+/// Exchanges two SharedReceiveQueues.
 inline void swap(SharedReceiveQueue& a, SharedReceiveQueue& b) noexcept { a.swap(b); }
 
 }  // namespace verbs

@@ -1,6 +1,10 @@
 // verbs: RAII C++20 wrappers for libibverbs. Include this for the whole core API.
 #pragma once
 
+/// @namespace verbs
+/// RAII C++20 wrappers for libibverbs: Device, ProtectionDomain, MemoryRegion, CompletionQueue,
+/// QueuePair, SharedReceiveQueue and AddressHandle, with typed flags and std::error_code errors.
+
 #include "verbs/address_handle.hpp"      // IWYU pragma: export
 #include "verbs/completion_queue.hpp"    // IWYU pragma: export
 #include "verbs/device.hpp"              // IWYU pragma: export

@@ -19,8 +19,8 @@ namespace verbs {
 
 /// Per-request flags. `signaled` asks for a completion (ignored when the QP signals all).
 struct PostOptions {
-  std::uint64_t wr_id = 0;
-  bool signaled = true;
+  std::uint64_t wr_id = 0;   ///< returned in the completion
+  bool signaled = true;      ///< ask for a completion
   bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE); lkey unused
   bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
   bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)
@@ -30,14 +30,20 @@ struct PostOptions {
 /// library made, generic errno from ibv_post_send/ibv_post_recv), and at which request of a chain.
 class [[nodiscard]] PostResult {
  public:
+  /// Success.
   constexpr PostResult() noexcept = default;
+  /// Request `index` failed the library's check `e`; nothing was posted.
   static constexpr PostResult rejected(Errc e, std::uint32_t index) noexcept {
     return PostResult(-static_cast<int>(e), index);
   }
+  /// The device refused request `index` with errno `err`; the ones before it were posted.
   static constexpr PostResult device_error(int err, std::uint32_t index) noexcept { return PostResult(err, index); }
 
+  /// True when everything was posted.
   [[nodiscard]] constexpr bool ok() const noexcept { return value_ == 0; }
+  /// Same as ok().
   constexpr explicit operator bool() const noexcept { return ok(); }
+  /// Why the post failed; empty on success.
   [[nodiscard]] std::error_code error() const noexcept {
     if (value_ == 0) return {};
     if (value_ < 0) return make_error_code(static_cast<Errc>(-value_));
@@ -68,6 +74,7 @@ class QueuePair;
 /// The memory the slices name must stay valid until the request's completion is polled.
 class SendWr {
  public:
+  ///@{
   /// RDMA write of `src` to the front of `dst` (which must be large enough).
   static SendWr write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
@@ -75,6 +82,8 @@ class SendWr {
   static SendWr write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
   }
+  ///@}
+  ///@{
   /// RDMA write with immediate (`imm` in host byte order). An empty span writes nothing and
   /// only delivers the immediate.
   static SendWr write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
@@ -84,6 +93,8 @@ class SendWr {
                           const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, src, o).remote_(dst, true).imm_(imm);
   }
+  ///@}
+  ///@{
   /// RDMA read of the front of `src` into `dst` (scattered across the slices).
   static SendWr read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
@@ -91,16 +102,23 @@ class SendWr {
   static SendWr read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
   }
+  ///@}
+  ///@{
+  /// Send of `src` into the peer's next receive.
   static SendWr send(LocalSlice src, const PostOptions& o = {}) noexcept { return SendWr(IBV_WR_SEND, src, o); }
   static SendWr send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_SEND, src, o);
   }
+  ///@}
+  ///@{
+  /// Send with immediate (`imm` in host byte order).
   static SendWr send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
   }
   static SendWr send_imm(std::span<const LocalSlice> src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
   }
+  ///@}
   /// Atomic fetch-and-add on the 8-byte, 8-aligned `target`; the old value lands in `result`
   /// (8 bytes, in the target's byte order, i.e. host order between like hosts).
   static SendWr fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
@@ -131,7 +149,9 @@ class SendWr {
   [[nodiscard]] Errc error() const noexcept { return err_; }
   /// Bytes the request carries (sum of its slices).
   [[nodiscard]] std::uint64_t total_length() const noexcept { return total_; }
+  /// The wr_id its completion will carry.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
+  /// The C work request (sg_list is set when posting).
   [[nodiscard]] const ibv_send_wr& native() const noexcept { return wr_; }
 
  private:
@@ -188,7 +208,9 @@ class SendWr {
 /// One receive work request; slices as for SendWr.
 class RecvWr {
  public:
+  /// A receive with no buffer and wr_id 0.
   RecvWr() noexcept = default;
+  /// Receives into one slice.
   explicit RecvWr(LocalSlice dst, std::uint64_t wr_id = 0) noexcept : sge_(dst.native()), own_sge_(true) {
     wr_.wr_id = wr_id;
     wr_.num_sge = 1;
@@ -200,7 +222,9 @@ class RecvWr {
     wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(dst.data()));  // NOLINT
     wr_.num_sge = static_cast<int>(dst.size());
   }
+  /// The wr_id its completion will carry.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
+  /// The C work request (sg_list is set when posting).
   [[nodiscard]] const ibv_recv_wr& native() const noexcept { return wr_; }
 
  private:
