@@ -268,11 +268,15 @@ struct Connection::Impl {
     }
     peer_private = std::move(data);
     established = true;
+    // rdma_cm leaves min_rnr_timer at 0, which means 655 ms: a send that arrives just before
+    // the peer posts its receive would stall that long. 12 is 0.64 ms, as in the core.
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTS;
     a.qp_access_flags = static_cast<unsigned>(access.value());
-    if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS); rc != 0)
-      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags)");
+    a.min_rnr_timer = 12;
+    if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
+        rc != 0)
+      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
     (void)qp->query_state();
   }
 
@@ -310,6 +314,25 @@ RemoteSlice Connection::remote() const {
   if (!impl_->peer_remote) fail(EPROTO, Phase::established, "the peer exposed no buffer (ConnectionOptions::expose)");
   return *impl_->peer_remote;
 }
+RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) {
+  constexpr std::uint64_t kExchange = 0x7665726273786368;  // "verbsxch"
+  constexpr std::size_t n = RemoteSlice::wire_size;
+  const auto deadline = Clock::now() + timeout;
+  auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write);
+  const RemoteSlice::Wire w = mine.encode();
+  std::memcpy(mr.data(), w.data(), n);
+  qp().post_recv(mr.slice(n, n), kExchange).check();
+  qp().post_send(mr.slice(0, n), {.wr_id = kExchange}).check();
+  for (CompletionQueue* cq : {impl_->recv_cq, impl_->send_cq}) {
+    const auto wc = wait_one(*cq, std::chrono::duration_cast<milliseconds>(
+                                      std::max(Clock::duration::zero(), deadline - Clock::now())));
+    if (!wc) fail(ETIMEDOUT, Phase::established, "exchange: the peer did not answer within " +
+                                                     std::to_string(timeout.count()) + " ms");
+    wc->throw_if_failed();
+  }
+  return RemoteSlice::decode(mr.bytes().subspan(n, n));
+}
+
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
 std::string Connection::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
 bool Connection::connected() const noexcept { return impl_->established && !impl_->disconnected; }
@@ -337,16 +360,18 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
     if (!ec && c.disconnected) ec.assign(c.peer_gone ? ECONNRESET : ENOTCONN, std::generic_category());
     return static_cast<bool>(ec);
   };
-  c.pump(ec);
-  if (gone()) return {};
-  for (;;) {
+  // Completions already in the CQ come first, even after a disconnect; only an empty CQ looks
+  // at the connection.
+  for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
-    if (Clock::now() >= deadline) return {};
     if (!cq.has_channel()) {
-      // Busy polling: look at the cm channel now and then (a system call each time).
-      if ((++c.spins & 1023u) == 0 && (c.pump(ec), gone())) return {};
+      // Busy polling: look at the cm channel at first and now and then (a system call each time).
+      if ((first || (++c.spins & 1023u) == 0) && (c.pump(ec), gone())) return {};
+      if (Clock::now() >= deadline) return {};
       continue;
     }
+    if (c.pump(ec), gone()) return {};
+    if (Clock::now() >= deadline) return {};
     if (const int rc = ibv_req_notify_cq(cq.native_handle(), 0); rc != 0) {
       ec.assign(detail::rc_to_errno(rc), std::generic_category());
       return {};

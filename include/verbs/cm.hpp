@@ -104,12 +104,19 @@ class Connection {
   [[nodiscard]] const std::optional<RemoteSlice>& peer_remote() const noexcept;
   /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
   [[nodiscard]] RemoteSlice remote() const;
+  /// Sends `mine` to the peer and returns the peer's, by one send and one receive on the
+  /// connection's QP (a 48-byte region registered for the purpose). Both sides call it, before
+  /// posting anything else of their own. For a buffer known before connecting, prefer
+  /// ConnectionOptions::expose, which costs no round trip. Throws ConnectError on timeout or
+  /// disconnect, Error(Errc::bad_encoding) on a malformed answer.
+  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s);
   [[nodiscard]] std::string peer_address() const;
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout; fails with ECONNRESET (phase established) once the peer has
-  /// disconnected (completions still in the CQ, e.g. flushed receives, can be polled directly).
+  /// was polled, empty on timeout. Completions already in the CQ always come first; once the CQ
+  /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
+  /// established), or ENOTCONN after a local disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout);

@@ -239,6 +239,47 @@ TEST_F(Cm, GracefulDisconnectFromEitherSideEndsThePeersWait) {
   }
 }
 
+TEST_F(Cm, CompletionsInTheCqComeBeforeTheDisconnectError) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto in = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  auto out = MemoryRegion::allocate(conn.pd(), 64);
+  ASSERT_TRUE(client.qp().post_recv(in.slice(0, 64), 11).ok());
+  ASSERT_TRUE(conn.qp().post_send(out.slice(0, 64)).ok());
+  ASSERT_TRUE(conn.wait_one(conn.send_cq(), 10s).has_value());
+  conn.disconnect();
+  std::this_thread::sleep_for(300ms);  // the DISCONNECTED event is now waiting too
+  const auto wc = client.wait_one(client.recv_cq(), 10s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_TRUE(wc->ok());
+  EXPECT_EQ(wc->wr_id(), 11u);
+  const auto e = connect_error([&] { (void)client.wait_one(client.recv_cq(), 10s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_reset);
+}
+
+TEST_F(Cm, ExchangeGivesEachSideThePeersSlice) {
+  cm::Listener listener(test_addr(), 0);
+  const cm::ConnectionOptions o{.qp = {.access = Access::remote_write}};
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, o); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = o});
+  cm::Connection conn = server.get();
+  auto a = MemoryRegion::allocate(client.pd(), 128, Access::local_write | Access::remote_write);
+  auto b = MemoryRegion::allocate(conn.pd(), 256, Access::local_write | Access::remote_write);
+  auto theirs_for_server = std::async(std::launch::async, [&] { return conn.exchange(b.remote()); });
+  const RemoteSlice theirs_for_client = client.exchange(a.remote());
+  EXPECT_EQ(theirs_for_client, b.remote());
+  EXPECT_EQ(theirs_for_server.get(), a.remote());
+  // And it is usable: the client writes into the server's region.
+  fill_pattern(a.bytes(), 3);
+  ASSERT_TRUE(client.qp().post_write(a.slice(0, 128), theirs_for_client).ok());
+  const auto wc = client.wait_one(client.send_cq(), 10s);
+  ASSERT_TRUE(wc && wc->ok());
+  EXPECT_EQ(std::memcmp(b.data(), a.data(), 128), 0);
+}
+
 TEST_F(Cm, EightConcurrentClientsEachGetTheirOwnConnection) {
   constexpr int kClients = 8;
   cm::Listener listener(test_addr(), 0);
@@ -307,10 +348,15 @@ TEST_F(Cm, KilledPeerTurnsTheSurvivorsWaitIntoAnErrorWithinSeconds) {
   const auto [ec, took] = pending.get();
   EXPECT_EQ(ec, std::errc::connection_reset) << ec.message();
   EXPECT_LT(took, 10s);
-  // A later wait fails at once, and so does a send's completion instead of hanging.
+  // The pending receive was flushed and comes out first; after it, every wait fails at once.
+  const auto flushed = conn->wait_one(conn->recv_cq(), 10s);
+  ASSERT_TRUE(flushed.has_value());
+  EXPECT_EQ(flushed->status(), WcStatus::wr_flush_err);
+  const auto t0 = std::chrono::steady_clock::now();
   const auto e = connect_error([&] { (void)conn->wait_one(conn->recv_cq(), 10s); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::connection_reset);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
 std::string rdma_resources() {
