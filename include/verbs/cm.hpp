@@ -23,12 +23,15 @@
 #include "verbs/protection_domain.hpp"
 #include "verbs/queue_pair.hpp"
 
+/// @namespace verbs::cm
+/// Connections through rdma_cm (librdmacm): Listener, connect() and Connection.
 namespace verbs::cm {
 
 using namespace std::chrono_literals;
 
 /// The step of setting up or running a connection that failed.
 enum class Phase : std::uint8_t { resolve_address, resolve_route, connect, listen, accept, established };
+/// The phase's name, e.g. "route resolution".
 std::string_view to_string(Phase p) noexcept;
 
 /// A failure of the connection layer: an Error that also says in which phase it happened. The
@@ -38,17 +41,20 @@ std::string_view to_string(Phase p) noexcept;
 /// the failing librdmacm call.
 class ConnectError : public Error {
  public:
+  /// An error `code` in `phase`; `context` says what failed (what() adds phase and location).
   ConnectError(std::error_code code, Phase phase, std::string_view context,
                SourceLocation where = SourceLocation::current());
+  /// The phase that failed.
   [[nodiscard]] Phase phase() const noexcept { return phase_; }
 
  private:
   Phase phase_;
 };
 
-/// Private-data limits of RC over the IB CM (InfiniBand and RoCE), after rdma_cm's own header.
-/// The receiver always sees the whole field, zero-padded: encode your own length if you need it.
+/// Private-data limit of a connect (RC over the IB CM: InfiniBand and RoCE), after rdma_cm's
+/// own header. The receiver always sees the whole field, zero-padded: encode your own length.
 inline constexpr std::size_t max_connect_private_data = 56;
+/// Private-data limit of an accept, as above.
 inline constexpr std::size_t max_accept_private_data = 196;
 
 /// What each side sets up for a connection.
@@ -56,8 +62,8 @@ struct ConnectionOptions {
   QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
   int cq_depth = 256;                        ///< depth of the CQs the connection creates
   const ProtectionDomain* pd = nullptr;      ///< share a PD (made from Listener::device() or device_for())
-  CompletionQueue* send_cq = nullptr;        ///< share CQs instead of creating them (same device)
-  CompletionQueue* recv_cq = nullptr;
+  CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device)
+  CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device)
   std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
   std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
   std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
@@ -67,15 +73,17 @@ struct ConnectionOptions {
   std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
 };
 
+/// How cm::connect() connects.
 struct ConnectOptions {
   std::chrono::milliseconds timeout = 10s;         ///< deadline for the whole connect
   std::chrono::milliseconds resolve_timeout = 2s;  ///< each of address and route resolution
   std::string source_address{};                    ///< local address to connect from (default: routed)
-  ConnectionOptions connection{};
+  ConnectionOptions connection{};                  ///< what the connection sets up
 };
 
+/// How a Listener listens.
 struct ListenOptions {
-  int backlog = 64;
+  int backlog = 64;  ///< connection requests the kernel queues before accept() takes them
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
@@ -86,16 +94,24 @@ struct ListenOptions {
 /// wait into ConnectError(ECONNRESET) instead of a hang.
 class Connection {
  public:
+  /// Moves the connection; the source is left empty (only destruction is allowed).
   Connection(Connection&&) noexcept;
+  /// Moves the connection; the one this held is closed first.
   Connection& operator=(Connection&&) noexcept;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
+  /// Disconnects if still connected, then destroys QP, CQs, PD and cm id in that order.
   ~Connection();
 
+  /// The device rdma_cm chose for the address (librdmacm's context).
   [[nodiscard]] Device& device() noexcept;
+  /// The protection domain: the connection's own, or the one ConnectionOptions::pd shared.
   [[nodiscard]] const ProtectionDomain& pd() const noexcept;
+  /// The send completion queue (with a completion channel when the connection made it).
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
+  /// The receive completion queue (with a completion channel when the connection made it).
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
+  /// The connected RC queue pair, in RTS.
   [[nodiscard]] QueuePair& qp() noexcept;
 
   /// The private data the peer attached (without the exposed slice), zero-padded to the field.
@@ -110,7 +126,9 @@ class Connection {
   /// ConnectionOptions::expose, which costs no round trip. Throws ConnectError on timeout or
   /// disconnect, Error(Errc::bad_encoding) on a malformed answer.
   [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s);
+  /// The peer's address and port, e.g. "192.0.2.1:7471".
   [[nodiscard]] std::string peer_address() const;
+  /// This side's address and port.
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
@@ -119,7 +137,9 @@ class Connection {
   /// established), or ENOTCONN after a local disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
+  /// As above; throws ConnectError instead of setting an error_code.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout);
+  /// One completion from `cq`, empty on timeout; throws ConnectError as wait() does.
   std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout) {
     Completion c;
     if (wait(cq, std::span(&c, 1), timeout).empty()) return std::nullopt;
@@ -128,6 +148,7 @@ class Connection {
 
   /// Handles pending rdma_cm events without blocking; false once the peer has disconnected.
   bool poll_events();
+  /// True from establishment until either side disconnects (as far as events have told).
   [[nodiscard]] bool connected() const noexcept;
   /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
   /// flush; the peer sees DISCONNECTED. Idempotent.
@@ -136,8 +157,10 @@ class Connection {
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
   /// readable, call poll_events().
   [[nodiscard]] int fd() const noexcept;
+  /// The rdma_cm id (for librdmacm calls the wrapper does not cover).
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
 
+  /// The connection's state (private to the implementation).
   struct Impl;
 
  private:
@@ -169,24 +192,30 @@ class Listener {
   /// see port()) and listens. Throws ConnectError (phase listen): EADDRINUSE, ENODEV when no
   /// RDMA device has that address.
   Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {});
+  /// Moves the listener; the source is left empty.
   Listener(Listener&&) noexcept;
+  /// Moves the listener; the one this held stops listening.
   Listener& operator=(Listener&&) noexcept;
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
+  /// Stops listening; connections accepted from it live on.
   ~Listener();
 
   /// Waits up to `timeout` for a connection request and accepts it. Throws ConnectError
   /// (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit
   /// (checked before waiting; nothing is sent).
   [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {});
+  /// As above, reporting failure through `ec` (and returning empty).
   [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
                                                  std::error_code& ec);
 
+  /// The port listened on (the one the system chose when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
   [[nodiscard]] Device device() const;
   /// The listener's event channel fd: readable when a connection request is waiting.
   [[nodiscard]] int fd() const noexcept;
+  /// The listening rdma_cm id.
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
 
  private:
