@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Runs one example program as a server and its clients on the RDMA device, and passes only if
+# every process exits as expected and prints what it should.
+#
+# Usage: run.sh CASE BIN_DIR
+#   CASE     write_pingpong, write_pingpong.mismatch, send_recv, read_remote, atomic_counter,
+#            srq_server, or help (every example's --help and a bad option; needs no device)
+#   BIN_DIR  where the example programs are
+# Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
+# Environment: VERBS_TEST_ADDR (the device's IPv4 address, default 192.0.2.1),
+#              VERBS_EXAMPLE_TIMEOUT (seconds any one process may run, default 90).
+#
+# The server listens on a port it picks (-p 0) and prints "NAME: listening on ADDR:PORT"; the
+# clients start once that line is there, several at once where the example is about several
+# clients. Every process runs under timeout(1), so nothing outlives the test.
+set -uo pipefail
+shopt -s nullglob
+case_name=$1
+bin=$2
+addr=${VERBS_TEST_ADDR:-192.0.2.1}
+limit=${VERBS_EXAMPLE_TIMEOUT:-90}
+prog=${case_name%%.*}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/verbs-example.XXXXXX")
+pids=() labels=() failed=0
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  failed=1
+}
+
+# start LABEL ARGS...: runs $prog ARGS in the background; output in $work/LABEL.out and .err.
+start() {
+  local label=$1
+  shift
+  echo "\$ $prog $*   # $label"
+  timeout -k 5 "$limit" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
+  pids+=($!)
+  labels+=("$label")
+}
+
+# start_server ARGS...: starts the server on $addr and a free port, and waits until it is
+# listening; sets $port.
+start_server() {
+  start server -a "$addr" -p 0 "$@"
+  local deadline=$((SECONDS + 30))
+  port=
+  while [ -z "$port" ]; do
+    port=$(sed -n 's/^.*: listening on .*:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
+    [ -n "$port" ] && break
+    if ! kill -0 "${pids[0]}" 2>/dev/null || ((SECONDS >= deadline)); then
+      kill -TERM "${pids[@]}" 2>/dev/null
+      finish 0
+      fail "the server did not print its 'listening on' line within 30 s"
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+
+# finish STATUS: waits for every process started, shows its output, and checks its status.
+finish() {
+  local expected=$1 i status
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    status=$?
+    echo "---- ${labels[$i]}: exit $status"
+    cat "$work/${labels[$i]}.out"
+    sed 's/^/stderr: /' "$work/${labels[$i]}.err"
+    if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+      fail "${labels[$i]} did not finish within $limit s"
+    elif [ "$status" -ne "$expected" ]; then
+      fail "${labels[$i]} exited with $status, expected $expected"
+    fi
+  done
+  pids=() labels=()
+}
+
+# expect LABEL REGEX [COUNT]: LABEL's stdout has COUNT (default 1) lines matching REGEX.
+expect() {
+  local n
+  n=$(grep -Ec -- "$2" "$work/$1.out")
+  [ "$n" -eq "${3:-1}" ] || fail "$1 printed $n lines matching /$2/, expected ${3:-1}"
+}
+# expect_err LABEL REGEX: LABEL's stderr matches REGEX.
+expect_err() {
+  grep -Eq -- "$2" "$work/$1.err" || fail "$1 did not say /$2/ on stderr"
+}
+
+if [ "$case_name" != help ]; then
+  devices=(/sys/class/infiniband/*)
+  if [ ${#devices[@]} -eq 0 ]; then
+    echo "$case_name: skipped: no RDMA device (run it in the SoftRoCE VM: scripts/rxe-vm)"
+    exit 77
+  fi
+fi
+
+case $case_name in
+  help)
+    for prog in write_pingpong send_recv read_remote atomic_counter srq_server; do
+      start help --help
+      finish 0
+      expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
+      expect help "^  -t SECONDS "
+      start bad -q 1
+      finish 1
+      expect_err bad "^$prog: unknown option -q \(see --help\)$"
+    done
+    ;;
+  write_pingpong)
+    # Small messages for the latency, then multi-packet ones (rxe's MTU is 1024 here).
+    for run in "1000 8" "50 65536"; do
+      read -r n size <<<"$run"
+      start_server -n "$n" -s "$size"
+      start client -p "$port" -n "$n" -s "$size" "$addr"
+      finish 0
+      expect client "^write_pingpong: $n iterations of $size bytes: latency median [0-9.]+ us, p99 [0-9.]+ us, min [0-9.]+ us, avg [0-9.]+ us \(half round trip\)$"
+      expect server "^write_pingpong: answered $n messages of $size bytes from $addr:[0-9]+$"
+    done
+    ;;
+  write_pingpong.mismatch)
+    # Each side checks the other's parameters from the handshake, and both refuse.
+    start_server -n 10
+    start client -p "$port" -n 20 "$addr"
+    finish 1
+    expect_err server "^write_pingpong: the peer runs with 'iters 20 size 8', we with 'iters 10 size 8': give both the same -n and -s$"
+    expect_err client "^write_pingpong: the peer runs with 'iters 10 size 8', we with 'iters 20 size 8'"
+    ;;
+  send_recv)
+    # Three clients at once, each with its own message size and count.
+    start_server -c 3
+    start client1 -p "$port" -n 300 -s 64 "$addr"
+    start client2 -p "$port" -n 100 -s 4096 "$addr"
+    start client3 -p "$port" -n 200 -s 1 "$addr"
+    finish 0
+    expect client1 '^send_recv: 300 messages of 64 bytes echoed and checked$'
+    expect client2 '^send_recv: 100 messages of 4096 bytes echoed and checked$'
+    expect client3 '^send_recv: 200 messages of 1 bytes echoed and checked$'
+    expect server "^send_recv: $addr:[0-9]+ left after (300|100|200) echoes$" 3
+    expect server '^send_recv: served 3 clients, 600 messages$'
+    ;;
+  read_remote)
+    # The default 1 MiB, in reads of a size that does not divide it.
+    start_server
+    start client -p "$port" -k 100000 "$addr"
+    finish 0
+    expect client '^read_remote: read 1048576 bytes in 11 reads of up to 100000 bytes \([0-9.]+ MB/s\): all as expected$'
+    expect server "^read_remote: $addr:[0-9]+ read and checked 1048576 of 1048576 bytes$"
+    ;;
+  atomic_counter)
+    start_server -c 4
+    for k in 1 2 3 4; do start client$k -p "$port" -n 250 "$addr"; done
+    finish 0
+    for k in 1 2 3 4; do
+      expect client$k '^atomic_counter: 250 adds returned distinct, increasing values from [0-9]+ to [0-9]+$'
+    done
+    expect server '^atomic_counter: 4 clients announced 1000 adds; counter = 1000$'
+    ;;
+  srq_server)
+    start_server -c 4
+    k=0
+    for n in 100 100 50 150; do start client$((++k)) -p "$port" -n $n "$addr"; done
+    finish 0
+    for k in 1 2 3 4; do expect client$k '^srq_server: sent [0-9]+ messages$'; done
+    expect server "^srq_server: QP [0-9]+ \($addr:[0-9]+\): (100|50|150) messages, all in order$" 4
+    expect server '^srq_server: 4 connections, 400 messages through one shared receive queue$'
+    ;;
+  *)
+    echo "run.sh: unknown case '$case_name'" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$failed" -ne 0 ]; then
+  echo "$case_name: FAILED"
+  exit 1
+fi
+echo "$case_name: passed"
