@@ -280,20 +280,22 @@ struct Connection::Impl {
     (void)qp->query_state();
   }
 
-  /// Reads pending events without blocking. On DISCONNECTED, disconnects our side too, which
-  /// moves the QP to ERR and flushes its receives (rxe leaves it RTS otherwise).
+  /// Reads pending events without blocking, and notes a disconnect (or device removal).
   void pump(std::error_code& ec) noexcept {
     ec.clear();
     for (;;) {
       std::optional<Event> e = next_event(channel.get(), Clock::time_point{}, ec);
       if (!e) return;
-      if (e->type == RDMA_CM_EVENT_DISCONNECTED || e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-        peer_gone = true;
-        if (!disconnected) {
-          rdma_disconnect(id.get());
-          disconnected = true;
-        }
-      }
+      if (e->type == RDMA_CM_EVENT_DISCONNECTED || e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) peer_gone = true;
+    }
+  }
+
+  /// After the peer left: disconnect our side too, which moves the QP to ERR and flushes what
+  /// is still posted (rxe leaves the QP in RTS otherwise, and a receive would wait forever).
+  void settle() noexcept {
+    if (peer_gone && !disconnected) {
+      rdma_disconnect(id.get());
+      disconnected = true;
     }
   }
 };
@@ -335,7 +337,9 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
 
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
 std::string Connection::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
-bool Connection::connected() const noexcept { return impl_->established && !impl_->disconnected; }
+bool Connection::connected() const noexcept {
+  return impl_->established && !impl_->disconnected && !impl_->peer_gone;
+}
 int Connection::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
 
@@ -343,6 +347,7 @@ bool Connection::poll_events() {
   std::error_code ec;
   impl_->pump(ec);
   if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event");
+  impl_->settle();
   return !impl_->peer_gone;
 }
 
@@ -356,21 +361,30 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
                                        std::error_code& ec) noexcept {
   Impl& c = *impl_;
   const auto deadline = Clock::now() + timeout;
-  const auto gone = [&]() {
-    if (!ec && c.disconnected) ec.assign(c.peer_gone ? ECONNRESET : ENOTCONN, std::generic_category());
-    return static_cast<bool>(ec);
+  // Completions in the CQ always come first. When the connection is over, the CQ is polled
+  // once more (a completion can land between a poll and the event that ends the connection:
+  // the peer saw our ACK, then left); only then does our side disconnect, flushing what is
+  // still posted, and the wait fails.
+  const auto closed = [&]() { return c.peer_gone || c.disconnected; };
+  const auto finish = [&]() -> std::span<Completion> {
+    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    c.settle();
+    ec.assign(c.peer_gone ? ECONNRESET : ENOTCONN, std::generic_category());
+    return {};
   };
-  // Completions already in the CQ come first, even after a disconnect; only an empty CQ looks
-  // at the connection.
   for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
     if (!cq.has_channel()) {
       // Busy polling: look at the cm channel at first and now and then (a system call each time).
-      if ((first || (++c.spins & 1023u) == 0) && (c.pump(ec), gone())) return {};
+      if (first || (++c.spins & 1023u) == 0) {
+        if (c.pump(ec), ec) return {};
+        if (closed()) return finish();
+      }
       if (Clock::now() >= deadline) return {};
       continue;
     }
-    if (c.pump(ec), gone()) return {};
+    if (c.pump(ec), ec) return {};
+    if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
     if (const int rc = ibv_req_notify_cq(cq.native_handle(), 0); rc != 0) {
       ec.assign(detail::rc_to_errno(rc), std::generic_category());
@@ -383,9 +397,7 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
       return {};
     }
     if (fds[0].revents != 0 && (cq.consume_events(ec), ec)) return {};
-    // A readable cm channel is read at the top of the loop, after polling the CQ: a completion
-    // that preceded a disconnect (the peer saw our ACK, then left) is in the CQ by then, and
-    // comes first. Reading the event here could return the error with the completion unseen.
+    // A readable cm channel is read at the top of the loop, after the CQ.
   }
 }
 
@@ -457,6 +469,18 @@ Device device_for(std::string_view local_address) {
   if (rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
     fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")");
   if (id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address));
+  return device_of(id);
+}
+
+Device device_to(std::string_view host, milliseconds timeout) {
+  auto ch = make_channel(Phase::resolve_address);
+  auto id = make_id(ch, Phase::resolve_address);
+  sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address);
+  const int ms = static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30));
+  if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst), ms) != 0)  // NOLINT
+    fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr");
+  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, Clock::now() + timeout, Phase::resolve_address, timeout);
+  if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host));
   return device_of(id);
 }
 

@@ -184,6 +184,12 @@ class Connection {
 /// Throws ConnectError (ENODEV) when no RDMA device has the address.
 [[nodiscard]] Device device_for(std::string_view local_address);
 
+/// The device a connection to `host` would use (rdma_resolve_addr(3) without connecting), so
+/// that a client can register memory, and expose it in the handshake, before it connects:
+/// `ProtectionDomain pd{cm::device_to(host)}` then ConnectionOptions{.pd = &pd, .expose = ...}.
+/// Throws ConnectError (phase resolve_address): ETIMEDOUT, EHOSTUNREACH, ENODEV.
+[[nodiscard]] Device device_to(std::string_view host, std::chrono::milliseconds timeout = 2s);
+
 /// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
 /// each other (its own event channel); the listener may be destroyed while they live.
 class Listener {

@@ -260,6 +260,27 @@ TEST_F(Cm, CompletionsInTheCqComeBeforeTheDisconnectError) {
   EXPECT_EQ(e->code(), std::errc::connection_reset);
 }
 
+TEST_F(Cm, ClientRegistersOnTheRoutesDeviceAndExposesItInTheHandshake) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(cm::device_to(test_addr()));
+  auto mine = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_read);
+  fill_pattern(mine.bytes(), 9);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client =
+      cm::connect(test_addr(), listener.port(), {.connection = {.qp = {.access = Access::remote_read}, .pd = &pd,
+                                                                .expose = mine.remote()}});
+  cm::Connection conn = server.get();
+  EXPECT_EQ(&client.pd(), &pd);
+  auto got = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn.qp().post_read(got.slice(0, 64), conn.remote()).ok());
+  const auto wc = conn.wait_one(conn.send_cq(), 10s);
+  ASSERT_TRUE(wc && wc->ok());
+  EXPECT_EQ(std::memcmp(got.data(), mine.data(), 64), 0);
+  const auto e = connect_error([&] { (void)cm::device_to(test_addr().substr(0, test_addr().rfind('.')) + ".77", 500ms); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->phase(), Phase::resolve_address);
+}
+
 TEST_F(Cm, ExchangeGivesEachSideThePeersSlice) {
   cm::Listener listener(test_addr(), 0);
   const cm::ConnectionOptions o{.qp = {.access = Access::remote_write}};
