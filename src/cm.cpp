@@ -248,7 +248,8 @@ struct Connection::Impl {
     std::shared_ptr<ibv_srq> srq = q.srq != nullptr ? q.srq->shared_handle() : nullptr;
     std::shared_ptr<ibv_qp> raw(id->qp, [id_ = id, p = pd->shared_handle(), s = send_cq->shared_handle(),
                                          r = recv_cq->shared_handle(), srq](ibv_qp*) { rdma_destroy_qp(id_.get()); });
-    qp.emplace(QueuePair::adopt(std::move(raw), q, init.cap));
+    qp.emplace(QueuePair::adopt(std::move(raw), q, init.cap, QpState::init));  // rdma_create_qp leaves it in INIT
+    (void)qp->query_state();
     access = o.qp.access;
 
     std::uint8_t t = o.ack_timeout;

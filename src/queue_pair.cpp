@@ -94,11 +94,12 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
   setup_(o, init.cap);
 }
 
-QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted) {
+QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted,
+                           QpState state) {
   QueuePair q;
   q.qp_ = std::move(qp);
   q.setup_(options, granted);
-  (void)q.query_state();
+  q.state_ = static_cast<std::uint8_t>(state);
   return q;
 }
 
@@ -111,11 +112,6 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
   has_srq_ = o.srq != nullptr;
   const PortInfo port = detail::query_port(ctx, o.port);
   ethernet_ = port.is_ethernet();
-  ibv_device_attr dev{};
-  detail::check_rc(ibv_query_device(ctx, &dev), "ibv_query_device");
-  dev_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 0, 255));
-  dev_init_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 0, 255));
-
   if (o.gid_index) {
     gid_index_ = *o.gid_index;
     ibv_gid g{};
@@ -139,6 +135,13 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
   local_.qkey = o.type == QpType::ud ? o.qkey : 0;
   local_.lid = port.lid;
   local_.mtu = port.active_mtu;
+}
+
+std::pair<std::uint8_t, std::uint8_t> QueuePair::rd_atomic_limits_() const {
+  ibv_device_attr dev{};
+  detail::check_rc(ibv_query_device(qp_->context, &dev), "ibv_query_device");
+  return {static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 0, 255)),
+          static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 0, 255))};
 }
 
 void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb) {
@@ -186,7 +189,7 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
     }
     mask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     if (type_ == QpType::rc) {
-      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), dev_rd_atom_);
+      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), rd_atomic_limits_().second);
       a.min_rnr_timer = o.min_rnr_timer;
       mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     }
@@ -204,7 +207,7 @@ void QueuePair::to_rts(const ConnectOptions& o) {
     a.timeout = o.timeout;
     a.retry_cnt = o.retry_cnt;
     a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), dev_init_rd_atom_);
+    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), rd_atomic_limits_().first);
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
   }
   modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)");

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include <infiniband/verbs.h>
 
@@ -113,10 +114,11 @@ class QueuePair {
   [[nodiscard]] static ibv_qp_init_attr init_attr(const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                                                   const QpOptions& options) noexcept;
   /// Wraps a QP created elsewhere. `qp`'s deleter destroys it and must keep alive whatever the QP
-  /// uses (PD, CQs, SRQ, a cm id); `granted` is the capacity its creation wrote back. The state
-  /// is read from the device.
+  /// uses (PD, CQs, SRQ, a cm id); `granted` is the capacity its creation wrote back, `state`
+  /// the state it is in (query_state() reads the device's view). Only ibv_query_port (and, on
+  /// RoCE, the GID table) is asked of the device.
   [[nodiscard]] static QueuePair adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
-                                       const ibv_qp_cap& granted);
+                                       const ibv_qp_cap& granted, QpState state);
 
   ///@{
   /// Move-only: the moved-from QP is empty.
@@ -279,6 +281,8 @@ class QueuePair {
   QueuePair() = default;
   void setup_(const QpOptions& o, const ibv_qp_cap& granted);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb);
+  /// {max_qp_init_rd_atom, max_qp_rd_atom} of the device, for RTR and RTS.
+  [[nodiscard]] std::pair<std::uint8_t, std::uint8_t> rd_atomic_limits_() const;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;
@@ -289,7 +293,6 @@ class QueuePair {
   std::uint16_t pkey_index_ = 0;
   std::uint8_t port_ = 1;
   std::uint8_t state_ = IBV_QPS_RESET;
-  std::uint8_t dev_rd_atom_ = 1, dev_init_rd_atom_ = 1;
   QpType type_ = QpType::rc;
   bool has_srq_ = false;
   bool ethernet_ = false;
