@@ -48,12 +48,7 @@ std::vector<std::byte> bytes_of(std::string_view s) {
 
 template <typename F>
 std::optional<ConnectError> connect_error(F&& f) {
-  try {
-    f();
-  } catch (const ConnectError& e) {
-    return e;
-  }
-  return std::nullopt;
+  return thrown_by<ConnectError>(std::forward<F>(f));
 }
 
 int open_fds() {

@@ -100,11 +100,6 @@ std::string describe(const Completion& c) {
                                        << ", expected every byte to be " << static_cast<int>(value);
 }
 
-::testing::AssertionResult contains(std::string_view text, std::string_view part) {
-  if (text.find(part) != std::string_view::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
-
 QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options, ConnectOptions connect,
                CqOptions cq_options)
     : cq_a(dev, cq_options), cq_b(dev, cq_options), a(pd, cq_a, options), b(pd, cq_b, options) {

@@ -15,6 +15,8 @@
 
 #include <verbs/verbs.hpp>
 
+#include "support/expect.hpp"
+
 namespace verbs::test {
 
 using namespace std::chrono_literals;
@@ -67,8 +69,7 @@ std::optional<Error> thrown_error(F&& f) {
   ADD_FAILURE() << "expected a verbs::Error, but nothing was thrown";
   return std::nullopt;
 }
-/// Success when `text` contains `part`.
-::testing::AssertionResult contains(std::string_view text, std::string_view part);
+using verbs::test::contains;
 
 /// Two queue pairs of the same type on one device, connected to each other, each with its own
 /// CQ. The defaults fail fast: timeout 12 (17 ms), retry 3 (rxe treats 7 as forever).

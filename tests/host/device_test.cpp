@@ -17,26 +17,15 @@
 
 #include <verbs/device.hpp>
 
+#include "support/expect.hpp"
+
 namespace {
 
 using verbs::Errc;
 using verbs::Gid;
 
-testing::AssertionResult contains(std::string_view text, std::string_view part) {
-  if (text.find(part) != std::string_view::npos) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << '"' << text << "\" does not contain \"" << part << '"';
-}
-
-// Runs `f`, which should throw verbs::Error, and returns what it threw (empty if nothing).
-template <typename F>
-std::optional<verbs::Error> thrown_by(F&& f) {
-  try {
-    std::forward<F>(f)();
-  } catch (const verbs::Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
+using verbs::test::contains;
+using verbs::test::thrown_by;
 
 // Whether the kernel shows an RDMA device, asked without libibverbs so that the answer does
 // not depend on the code under test.

@@ -26,6 +26,8 @@
 #include <verbs/memory_region.hpp>
 #include <verbs/queue_pair.hpp>
 
+#include "support/expect.hpp"
+
 namespace {
 
 using verbs::Buffer;
@@ -37,21 +39,8 @@ using verbs::RemoteSlice;
 constexpr std::uint64_t kMax64 = std::numeric_limits<std::uint64_t>::max();
 constexpr std::uint32_t kMax32 = std::numeric_limits<std::uint32_t>::max();
 
-testing::AssertionResult contains(std::string_view text, std::string_view part) {
-  if (text.find(part) != std::string_view::npos) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << '"' << text << "\" does not contain \"" << part << '"';
-}
-
-// Runs `f`, which should throw verbs::Error, and returns what it threw (empty if nothing).
-template <typename F>
-std::optional<verbs::Error> thrown_by(F&& f) {
-  try {
-    std::forward<F>(f)();
-  } catch (const verbs::Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
+using verbs::test::contains;
+using verbs::test::thrown_by;
 
 constexpr std::byte b(unsigned v) { return static_cast<std::byte>(v); }
 
