@@ -376,8 +376,9 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
   for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
     if (!cq.has_channel()) {
-      // Busy polling: look at the cm channel at first and now and then (a system call each time).
-      if (first || (++c.spins & 1023u) == 0) {
+      // Busy polling: look at the cm channel now and then (a system call each time; not on every
+      // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
+      if ((++c.spins & 1023u) == 0 || (first && closed())) {
         if (c.pump(ec), ec) return {};
         if (closed()) return finish();
       }
