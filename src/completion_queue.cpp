@@ -24,6 +24,15 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options) {
   cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
 }
 
+CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq) {
+  if (!cq)
+    detail::throw_error(make_error_code(Errc::bad_argument), "CompletionQueue::adopt: no CQ",
+                        SourceLocation::current());
+  CompletionQueue q;
+  q.cq_ = std::move(cq);
+  return q;
+}
+
 void CompletionQueue::req_notify(bool solicited_only) {
   if (!has_channel())
     detail::throw_error(make_error_code(Errc::bad_argument),

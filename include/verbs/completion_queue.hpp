@@ -95,6 +95,10 @@ class CompletionQueue {
   /// ibv_create_cq(3) (and ibv_create_comp_channel(3) when asked). Throws Error (EINVAL for a
   /// depth over max_cqe, ENOMEM).
   explicit CompletionQueue(const Device& device, CqOptions options = {});
+  /// Wraps a CQ created elsewhere (e.g. by another library, or a test's fake provider). `cq`'s
+  /// deleter destroys it and must keep alive whatever it uses (context, completion channel).
+  /// Nothing is asked of the device. Throws Error(Errc::bad_argument) for a null `cq`.
+  [[nodiscard]] static CompletionQueue adopt(std::shared_ptr<ibv_cq> cq);
 
   ///@{
   /// Move-only: the moved-from object is empty.
@@ -165,6 +169,7 @@ class CompletionQueue {
   [[nodiscard]] const std::shared_ptr<ibv_cq>& shared_handle() const noexcept { return cq_; }
 
  private:
+  CompletionQueue() = default;
   std::shared_ptr<ibv_cq> cq_;  // deleter destroys the channel after the CQ and holds the device context
 };
 
