@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# verbs-perf's correctness on the RDMA device: write_bw, read_bw and send_bw (and atomic_lat's
+# counter) as a server and a client with --verify, which checks the data after each run; then the
+# same with data corrupted on purpose, which --verify must catch. No figure is checked.
+# Exit 77 (skipped) without a device. Usage: verify-pair.sh PATH/TO/verbs-perf
+set -u
+perf=$1
+if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
+  echo "skipped: no RDMA device (run in the SoftRoCE VM: scripts/rxe-vm)"
+  exit 77
+fi
+dev=()
+[ -n "${VERBS_TEST_DEVICE:-}" ] && dev=(-d "$VERBS_TEST_DEVICE")
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+port=$((20000 + $$ % 20000))
+passed=0
+failed=0
+
+# pair EXPECT HOST ARGS...: a server and a client on one port; EXPECT is ok or caught.
+pair() {
+  local expect=$1 host=$2
+  shift 2
+  port=$((port + 1))
+  timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" >"$log/server" 2>&1 &
+  local spid=$! crc src
+  timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" "$host" >"$log/client" 2>&1
+  crc=$?
+  wait "$spid"
+  src=$?
+  local verdict=bad
+  if [ "$expect" = ok ] && [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q -- "--verify: the data of every size checked out" "$log/client"; then
+    verdict=good
+  elif [ "$expect" = caught ] && [ $crc -eq 1 ] && grep -q -- "--verify FAILED" "$log/client"; then
+    verdict=good
+  fi
+  if [ $verdict = good ]; then
+    passed=$((passed + 1))
+    echo "ok      ($expect) verbs-perf $*"
+  else
+    failed=$((failed + 1))
+    echo "FAILED  (expected $expect; client exit $crc, server exit $src) verbs-perf $*"
+    sed 's/^/    client: /' "$log/client" | tail -n 15
+    sed 's/^/    server: /' "$log/server" | tail -n 8
+  fi
+}
+
+# The TCP exchange works over any address; the data goes over the device either way.
+host=127.0.0.1
+pair ok $host write_bw --verify -s 4096 -n 500
+pair ok $host write_bw --verify -s 65536 -n 64 -q 2
+pair ok $host write_bw --verify -s 8 -n 1024 -l 16
+pair ok $host write_bw --verify -s 1000 -n 300 -I 64 --cq-mod 10
+pair ok $host write_bw --verify -s 3 -D 2
+pair ok $host read_bw --verify -s 1024 -n 500
+pair ok $host read_bw --verify -s 65536 -n 50 -q 2
+pair ok $host send_bw --verify -s 4096 -n 500
+pair ok $host send_bw --verify -s 8 -n 512 -l 16
+pair ok $host send_bw --verify -s 100000 -n 40 -q 2
+pair ok $host send_bw --verify -s 64 -D 2
+pair ok $host atomic_lat --verify -n 200
+# rdma_cm needs the device's own address.
+if [ -n "${VERBS_TEST_ADDR:-}" ]; then
+  pair ok "$VERBS_TEST_ADDR" write_bw -R --verify -s 2048 -n 300
+  pair ok "$VERBS_TEST_ADDR" send_bw -R --verify -s 512 -n 300 -q 2
+fi
+# --verify must notice wrong data (VERBS_PERF_CORRUPT makes the tool spoil one message).
+export VERBS_PERF_CORRUPT=1
+pair caught $host write_bw --verify -s 4096 -n 500
+pair caught $host read_bw --verify -s 1024 -n 500
+pair caught $host send_bw --verify -s 4096 -n 500
+unset VERBS_PERF_CORRUPT
+
+echo "verbs-perf --verify: $passed passed, $failed failed"
+[ $failed -eq 0 ]
