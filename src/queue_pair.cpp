@@ -99,7 +99,7 @@ QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
   QueuePair q;
   q.qp_ = std::move(qp);
   q.setup_(options, granted);
-  q.state_ = static_cast<std::uint8_t>(state);
+  q.set_state_(static_cast<std::uint8_t>(state));
   return q;
 }
 
@@ -128,7 +128,8 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
   max_inline_ = granted.max_inline_data;
   max_send_wr_ = granted.max_send_wr;
   max_recv_wr_ = granted.max_recv_wr;
-  allowed_ = allowed_ops(o.type);
+  type_ops_ = allowed_ops(o.type);
+  set_state_(state_);
 
   local_.qp_num = qp_->qp_num;
   local_.psn = random_psn();
@@ -147,7 +148,14 @@ std::pair<std::uint8_t, std::uint8_t> QueuePair::rd_atomic_limits_() const {
 void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb) {
   attr.qp_state = to;
   detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask | IBV_QP_STATE), verb);
-  state_ = static_cast<std::uint8_t>(to);
+  set_state_(static_cast<std::uint8_t>(to));
+}
+
+void QueuePair::set_state_(std::uint8_t state) noexcept {
+  state_ = state;
+  // Sends are posted from RTS on (in SQD, SQE and ERR too: the device flushes or holds them).
+  const std::uint64_t ops = state >= IBV_QPS_RTS ? type_ops_ : 0;
+  allowed_ = ops | (max_send_sge_ >= 1 ? ops << SendWr::one_sge_bit : 0);
 }
 
 void QueuePair::to_init() {
@@ -245,7 +253,7 @@ QpState QueuePair::query_state() {
   ibv_qp_attr a{};
   ibv_qp_init_attr init{};
   detail::check_rc(ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init), "ibv_query_qp");
-  state_ = static_cast<std::uint8_t>(a.qp_state);
+  set_state_(static_cast<std::uint8_t>(a.qp_state));
   return static_cast<QpState>(a.qp_state);
 }
 

@@ -3,7 +3,9 @@
 // rejected, with nothing posted, by the QueuePair or SharedReceiveQueue it is posted on.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <span>
 #include <system_error>
@@ -77,30 +79,44 @@ class SendWr {
   ///@{
   /// RDMA write of `src` to the front of `dst` (which must be large enough).
   static SendWr write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
+    SendWr w(IBV_WR_RDMA_WRITE, src, o);
+    w.remote_(dst);
+    return w;
   }
   static SendWr write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_WRITE, src, o).remote_(dst, true);
+    SendWr w(IBV_WR_RDMA_WRITE, src, o);
+    w.remote_(dst);
+    return w;
   }
   ///@}
   ///@{
   /// RDMA write with immediate (`imm` in host byte order). An empty span writes nothing and
   /// only delivers the immediate.
   static SendWr write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, src, o).remote_(dst, true).imm_(imm);
+    SendWr w(IBV_WR_RDMA_WRITE_WITH_IMM, src, o);
+    w.remote_(dst);
+    w.wr_.imm_data = htonl(imm);
+    return w;
   }
   static SendWr write_imm(std::span<const LocalSlice> src, RemoteSlice dst, std::uint32_t imm,
                           const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, src, o).remote_(dst, true).imm_(imm);
+    SendWr w(IBV_WR_RDMA_WRITE_WITH_IMM, src, o);
+    w.remote_(dst);
+    w.wr_.imm_data = htonl(imm);
+    return w;
   }
   ///@}
   ///@{
   /// RDMA read of the front of `src` into `dst` (scattered across the slices).
   static SendWr read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
+    SendWr w(IBV_WR_RDMA_READ, dst, o);
+    w.remote_(src);
+    return w;
   }
   static SendWr read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_RDMA_READ, dst, o).remote_(src, true);
+    SendWr w(IBV_WR_RDMA_READ, dst, o);
+    w.remote_(src);
+    return w;
   }
   ///@}
   ///@{
@@ -113,23 +129,29 @@ class SendWr {
   ///@{
   /// Send with immediate (`imm` in host byte order).
   static SendWr send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
+    SendWr w(IBV_WR_SEND_WITH_IMM, src, o);
+    w.wr_.imm_data = htonl(imm);
+    return w;
   }
   static SendWr send_imm(std::span<const LocalSlice> src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
-    return SendWr(IBV_WR_SEND_WITH_IMM, src, o).imm_(imm);
+    SendWr w(IBV_WR_SEND_WITH_IMM, src, o);
+    w.wr_.imm_data = htonl(imm);
+    return w;
   }
   ///@}
   /// Atomic fetch-and-add on the 8-byte, 8-aligned `target`; the old value lands in `result`
   /// (8 bytes, in the target's byte order, i.e. host order between like hosts).
   static SendWr fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
-    SendWr w = SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, result, o).atomic_(result, target);
+    SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, result, o);
+    w.atomic_(result, target);
     w.wr_.wr.atomic.compare_add = add;
     return w;
   }
   /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in result.
   static SendWr compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
                              const PostOptions& o = {}) noexcept {
-    SendWr w = SendWr(IBV_WR_ATOMIC_CMP_AND_SWP, result, o).atomic_(result, target);
+    SendWr w(IBV_WR_ATOMIC_CMP_AND_SWP, result, o);
+    w.atomic_(result, target);
     w.wr_.wr.atomic.compare_add = compare;
     w.wr_.wr.atomic.swap = swap;
     return w;
@@ -146,7 +168,7 @@ class SendWr {
   }
 
   /// The check this request failed at build time, if any (Errc{} when none).
-  [[nodiscard]] Errc error() const noexcept { return err_; }
+  [[nodiscard]] Errc error() const noexcept { return static_cast<Errc>(err_); }
   /// Bytes the request carries (sum of its slices).
   [[nodiscard]] std::uint64_t total_length() const noexcept { return total_; }
   /// The wr_id its completion will carry.
@@ -156,53 +178,63 @@ class SendWr {
 
  private:
   friend class QueuePair;
-  static constexpr std::uint8_t ud_bit = 16;  // added to the opcode in key_ for UD-addressed sends
+  // key_ is the opcode, plus ud_bit when addressed for UD, plus one_sge_bit when the request
+  // carries its one SGE inside. A QP allows a key (QueuePair::allowed_) when its type and state
+  // take such a request and, for one_sge_bit, it has at least one send SGE: posting tests one
+  // bit for all of that (QueuePair::passes_).
+  static constexpr std::uint8_t ud_bit = 16;
+  static constexpr std::uint8_t one_sge_bit = 32;
 
   SendWr(ibv_wr_opcode op, LocalSlice s, const PostOptions& o) noexcept
       : sge_(s.native()), total_(s.length()), own_sge_(true) {
-    init_(op, o);
-    wr_.num_sge = 1;
+    init_(op, o, nullptr, 1);  // sg_list is set when posting, since this object may move
+    key_ |= one_sge_bit;
   }
   SendWr(ibv_wr_opcode op, std::span<const LocalSlice> s, const PostOptions& o) noexcept {
-    init_(op, o);
-    wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.data()));  // NOLINT
-    wr_.num_sge = static_cast<int>(s.size());
+    init_(op, o, const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.data())),  // NOLINT
+          static_cast<int>(s.size()));
     for (const LocalSlice& x : s) total_ += x.length();
   }
-  void init_(ibv_wr_opcode op, const PostOptions& o) noexcept {
+  // Writes every byte of wr_: the head field by field, the rest (immediate, remote address,
+  // UD address, XRC, memory-window and TSO fields, and their padding) zeroed, so that the
+  // builders' stores overwrite it without zeroing the whole 128 bytes first.
+  void init_(ibv_wr_opcode op, const PostOptions& o, ibv_sge* sg_list, int num_sge) noexcept {
     wr_.wr_id = o.wr_id;
+    wr_.next = nullptr;
+    wr_.sg_list = sg_list;
+    wr_.num_sge = num_sge;
     wr_.opcode = op;
     wr_.send_flags = (o.signaled ? unsigned{IBV_SEND_SIGNALED} : 0u) | (o.inline_data ? unsigned{IBV_SEND_INLINE} : 0u) |
                      (o.fence ? unsigned{IBV_SEND_FENCE} : 0u) | (o.solicited ? unsigned{IBV_SEND_SOLICITED} : 0u);
+    wr_.imm_data = 0;
+    static_assert(offsetof(ibv_send_wr, wr) == offsetof(ibv_send_wr, send_flags) + 2 * sizeof(std::uint32_t),
+                  "the head of ibv_send_wr has no padding");
+    std::memset(&wr_.wr, 0, sizeof(ibv_send_wr) - offsetof(ibv_send_wr, wr));
     key_ = static_cast<std::uint8_t>(op);
   }
-  SendWr&& remote_(const RemoteSlice& r, bool must_fit) && noexcept {
+  // For the builders, which construct in place and return by name (NRVO): returning a chained
+  // `SendWr(...).remote_()` would copy the 160-byte object.
+  void remote_(const RemoteSlice& r) noexcept {
     wr_.wr.rdma.remote_addr = r.addr;
     wr_.wr.rdma.rkey = r.rkey;
-    if (must_fit && total_ > r.length) fail_(Errc::remote_too_small);
-    return std::move(*this);
+    if (total_ > r.length) fail_(Errc::remote_too_small);
   }
-  SendWr&& imm_(std::uint32_t imm) && noexcept {
-    wr_.imm_data = htonl(imm);
-    return std::move(*this);
-  }
-  SendWr&& atomic_(const LocalSlice& result, const RemoteSlice& target) && noexcept {
+  void atomic_(const LocalSlice& result, const RemoteSlice& target) noexcept {
     wr_.wr.atomic.remote_addr = target.addr;
     wr_.wr.atomic.rkey = target.rkey;
     if (result.length() != 8 || target.length != 8) fail_(Errc::atomic_length);
     if (target.addr % 8 != 0) fail_(Errc::atomic_misaligned);
-    return std::move(*this);
   }
   void fail_(Errc e) noexcept {
-    if (err_ == Errc{}) err_ = e;
+    if (err_ == 0) err_ = static_cast<std::uint16_t>(e);
   }
 
-  ibv_send_wr wr_{};
+  ibv_send_wr wr_;          // written whole by init_
   ibv_sge sge_{};
   std::uint64_t total_ = 0;
-  Errc err_{};
-  std::uint8_t key_ = 0;   // opcode, plus ud_bit when addressed for UD: what the QP type must allow
-  bool own_sge_ = false;   // sg_list must point at sge_ (set when posting, since this object may move)
+  std::uint16_t err_ = 0;   // an Errc; 16 bits, so that err_, key_ and own_sge_ are one 4-byte store
+  std::uint8_t key_ = 0;    // what the QP must allow (above)
+  bool own_sge_ = false;    // sg_list must point at sge_ (set when posting, since this object may move)
 };
 
 /// One receive work request; slices as for SendWr.

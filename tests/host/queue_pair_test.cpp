@@ -1,0 +1,232 @@
+// QueuePair's posting path on a provider stub (stub_provider.hpp): the checks made before
+// posting and the order in which they are reported, and the request the provider receives.
+// The device tests cover the same calls on SoftRoCE; these need no device, and reach states
+// (ERR, SQD) and limits (no send SGE at all) a real QP is awkward to put in.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <system_error>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include <verbs/queue_pair.hpp>
+
+#include "support/stub_provider.hpp"
+
+namespace {
+
+using verbs::Errc;
+using verbs::LocalSlice;
+using verbs::PostResult;
+using verbs::QpState;
+using verbs::QpType;
+using verbs::RemoteSlice;
+using verbs::SendWr;
+
+const LocalSlice kSrc{0x1000, 64, 0x11};
+const RemoteSlice kDst{.addr = 0x20000, .length = 128, .rkey = 0x22};
+const LocalSlice kResult{0x4000, 8, 0x44};
+const RemoteSlice kTarget{.addr = 0x30008, .length = 8, .rkey = 0x33};
+
+::testing::AssertionResult rejected(const PostResult& r, Errc why, std::uint32_t index = 0) {
+  if (r.ok()) return ::testing::AssertionFailure() << "posted";
+  if (r.error() != std::error_code(why)) return ::testing::AssertionFailure() << "rejected with " << r.error().message();
+  if (r.failed_index() != index) return ::testing::AssertionFailure() << "at index " << r.failed_index();
+  if (r.posted() != 0) return ::testing::AssertionFailure() << r.posted() << " posted";
+  return ::testing::AssertionSuccess();
+}
+
+ibv_qp_cap caps(std::uint32_t send_sge, std::uint32_t inline_data = 0) {
+  return {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = send_sge, .max_recv_sge = 1,
+          .max_inline_data = inline_data};
+}
+
+// ---- the order of the checks ----
+
+TEST(QueuePairStub, BeforeRtsEverySendIsBadQpStateWhateverElseIsWrong) {
+  for (const QpState s : {QpState::reset, QpState::init, QpState::rtr}) {
+    verbs_stub::Provider stub;
+    verbs::QueuePair qp = stub.queue_pair({}, s, caps(2));
+    EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::bad_qp_state)) << to_string(s);
+    EXPECT_TRUE(rejected(qp.post_fetch_add(kResult, kTarget, 1), Errc::bad_qp_state)) << to_string(s);
+    std::vector<SendWr> chain{SendWr::write(kSrc, kDst), SendWr::send(kSrc)};
+    EXPECT_TRUE(rejected(qp.post(chain), Errc::bad_qp_state)) << to_string(s);
+    // Also with the wrong QP type (a read on UC), too many SGEs (none allowed) or a failed build check:
+    verbs_stub::Provider uc_stub;
+    verbs::QueuePair uc = uc_stub.queue_pair({.type = QpType::uc}, s, caps(0));
+    EXPECT_TRUE(rejected(uc.post_read(kSrc, kDst), Errc::bad_qp_state)) << to_string(s);
+    EXPECT_TRUE(rejected(uc.post_write(kSrc, kDst), Errc::bad_qp_state)) << to_string(s);
+    EXPECT_TRUE(rejected(uc.post_write(kSrc, kDst.slice(0, 1)), Errc::bad_qp_state)) << to_string(s);
+    EXPECT_EQ(stub.posted_sends + uc_stub.posted_sends, 0) << to_string(s);
+  }
+}
+
+TEST(QueuePairStub, FromRtsOnSendsArePosted) {
+  // SQD, SQE and ERR take sends too: the device holds or flushes them.
+  for (const QpState s : {QpState::rts, QpState::sqd, QpState::sqe, QpState::err}) {
+    verbs_stub::Provider stub;
+    verbs::QueuePair qp = stub.queue_pair({}, s);
+    EXPECT_TRUE(qp.post_write(kSrc, kDst).ok()) << to_string(s);
+    EXPECT_EQ(stub.posted_sends, 1) << to_string(s);
+  }
+}
+
+TEST(QueuePairStub, BuildTimeFailureComesBeforeWrongQpType) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({.type = QpType::uc});
+  EXPECT_TRUE(rejected(qp.post_read(kSrc, kDst.slice(0, 1)), Errc::remote_too_small));
+  EXPECT_TRUE(rejected(qp.post_fetch_add(kResult, kDst, 1), Errc::atomic_length));
+  EXPECT_TRUE(rejected(qp.post_read(kSrc, kDst), Errc::wrong_qp_type));
+  EXPECT_EQ(stub.posted_sends, 0);
+}
+
+TEST(QueuePairStub, WrongQpTypeComesBeforeTooManySge) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({.type = QpType::uc}, QpState::rts, caps(0));
+  EXPECT_TRUE(rejected(qp.post_read(kSrc, kDst), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::too_many_sge));
+}
+
+TEST(QueuePairStub, UnaddressedSendOnUdIsWrongQpType) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({.type = QpType::ud});
+  EXPECT_TRUE(rejected(qp.post_send(kSrc), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::wrong_qp_type));
+  EXPECT_EQ(stub.posted_sends, 0);
+}
+
+// ---- scatter/gather entries and inline data ----
+
+TEST(QueuePairStub, OneSgeNeedsAQpWithAtLeastOne) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(0));
+  EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::too_many_sge));
+  EXPECT_TRUE(rejected(qp.post(SendWr::send(kSrc)), Errc::too_many_sge));
+  // No SGE at all is fine: a write with immediate and nothing else.
+  EXPECT_TRUE(qp.post(SendWr::write_imm(std::span<const LocalSlice>{}, kDst, 7)).ok());
+  EXPECT_EQ(stub.posted_sends, 1);
+  EXPECT_EQ(stub.last_send.num_sge, 0);
+}
+
+TEST(QueuePairStub, SgeCountOverTheQpsIsRejected) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(2));
+  const std::array<LocalSlice, 3> three{kSrc, kSrc, kSrc};
+  EXPECT_TRUE(rejected(qp.post_write(three, kDst.slice(0, 128), {}), Errc::remote_too_small));
+  EXPECT_TRUE(rejected(qp.post_send(three), Errc::too_many_sge));
+  EXPECT_TRUE(qp.post_send(std::span(three).first(2)).ok());
+  EXPECT_EQ(stub.last_send.num_sge, 2);
+  EXPECT_EQ(stub.last_send.sg_list, reinterpret_cast<const ibv_sge*>(three.data()));  // NOLINT
+}
+
+TEST(QueuePairStub, InlineDataOverTheQpsInlineSizeIsRejected) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(2, 64));
+  const LocalSlice big{0x1000, 65, 0x11};
+  EXPECT_TRUE(rejected(qp.post_send(big, {.inline_data = true}), Errc::inline_too_large));
+  const std::array<LocalSlice, 2> two{kSrc, LocalSlice{0x2000, 1, 0x11}};
+  EXPECT_TRUE(rejected(qp.post_send(two, {.inline_data = true}), Errc::inline_too_large));
+  EXPECT_TRUE(qp.post_send(big).ok()) << "not inline: no limit";
+  EXPECT_TRUE(qp.post_send(kSrc, {.inline_data = true}).ok());
+  EXPECT_EQ(stub.last_send.send_flags & IBV_SEND_INLINE, unsigned{IBV_SEND_INLINE});
+  EXPECT_EQ(stub.posted_sends, 2);
+}
+
+// ---- chains ----
+
+TEST(QueuePairStub, ChainReportsTheFirstFailingRequestAndPostsNothing) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({.type = QpType::uc});
+  std::vector<SendWr> chain{SendWr::write(kSrc, kDst), SendWr::send(kSrc), SendWr::read(kSrc, kDst),
+                            SendWr::write(kSrc, kDst.slice(0, 1))};
+  EXPECT_TRUE(rejected(qp.post(chain), Errc::wrong_qp_type, 2));
+  chain[2] = SendWr::send(kSrc);
+  EXPECT_TRUE(rejected(qp.post(chain), Errc::remote_too_small, 3));
+  EXPECT_EQ(stub.posted_sends, 0);
+  chain.pop_back();
+  EXPECT_TRUE(qp.post(chain).ok());
+  EXPECT_EQ(stub.posted_sends, 3);
+}
+
+// ---- what the provider gets ----
+
+// The request as a careful C programmer writes it: zeroed, then filled.
+ibv_send_wr raw(ibv_wr_opcode op, std::uint64_t wr_id) {
+  ibv_send_wr wr;
+  std::memset(&wr, 0, sizeof wr);
+  wr.wr_id = wr_id;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  return wr;
+}
+
+// Every byte of what was posted, padding included, against `expected`; sg_list must point at
+// a copy of `sge` (the request's own).
+void expect_posted(const verbs_stub::Provider& stub, ibv_send_wr expected, const ibv_sge& sge) {
+  std::array<unsigned char, sizeof(ibv_send_wr)> got = stub.last_send_bytes;
+  ASSERT_NE(stub.last_send.sg_list, nullptr);
+  EXPECT_EQ(std::memcmp(&stub.last_sge, &sge, sizeof sge), 0);
+  ibv_sge* const none = nullptr;
+  std::memcpy(got.data() + offsetof(ibv_send_wr, sg_list), &none, sizeof none);
+  expected.sg_list = nullptr;
+  std::array<unsigned char, sizeof(ibv_send_wr)> want{};
+  std::memcpy(want.data(), &expected, sizeof expected);
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "byte " << i;
+}
+
+TEST(QueuePairStub, PostedRequestsAreByteForByteWhatRawVerbsBuild) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair();
+
+  ASSERT_TRUE(qp.post_write(kSrc, kDst, {.wr_id = 1}).ok());
+  ibv_send_wr w = raw(IBV_WR_RDMA_WRITE, 1);
+  w.wr.rdma.remote_addr = kDst.addr;
+  w.wr.rdma.rkey = kDst.rkey;
+  expect_posted(stub, w, kSrc.native());
+
+  ASSERT_TRUE(qp.post_write_imm(kSrc, kDst, 0x01020304, {.wr_id = 2}).ok());
+  w = raw(IBV_WR_RDMA_WRITE_WITH_IMM, 2);
+  w.imm_data = htonl(0x01020304);
+  w.wr.rdma.remote_addr = kDst.addr;
+  w.wr.rdma.rkey = kDst.rkey;
+  expect_posted(stub, w, kSrc.native());
+
+  ASSERT_TRUE(qp.post_read(kSrc, kDst, {.wr_id = 3}).ok());
+  w = raw(IBV_WR_RDMA_READ, 3);
+  w.wr.rdma.remote_addr = kDst.addr;
+  w.wr.rdma.rkey = kDst.rkey;
+  expect_posted(stub, w, kSrc.native());
+
+  ASSERT_TRUE(qp.post_send(kSrc, {.wr_id = 4}).ok());
+  expect_posted(stub, raw(IBV_WR_SEND, 4), kSrc.native());
+
+  ASSERT_TRUE(qp.post_compare_swap(kResult, kTarget, 5, 6, {.wr_id = 5}).ok());
+  w = raw(IBV_WR_ATOMIC_CMP_AND_SWP, 5);
+  w.wr.atomic.remote_addr = kTarget.addr;
+  w.wr.atomic.compare_add = 5;
+  w.wr.atomic.swap = 6;
+  w.wr.atomic.rkey = kTarget.rkey;
+  expect_posted(stub, w, kResult.native());
+  EXPECT_EQ(stub.posted_sends, 5);
+}
+
+TEST(QueuePairStub, ProviderErrorIsReportedAsItsErrno) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair();
+  stub.post_rc = ENOMEM;
+  const PostResult r = qp.post_write(kSrc, kDst);
+  EXPECT_EQ(r.error(), std::error_code(ENOMEM, std::generic_category()));
+  EXPECT_EQ(r.failed_index(), 0u);
+  std::vector<SendWr> chain{SendWr::write(kSrc, kDst), SendWr::send(kSrc)};
+  stub.post_rc = -EAGAIN;  // some providers return a negated errno
+  EXPECT_EQ(qp.post(chain).error(), std::error_code(EAGAIN, std::generic_category()));
+}
+
+}  // namespace
