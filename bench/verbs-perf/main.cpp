@@ -69,7 +69,6 @@ int server(const Config& cfg) {
   Session& s = *session;
   print_banner(s);
   std::printf(" Client's parameters: %s\n", describe_params(s.cfg).c_str());
-  std::fflush(stdout);
   bool failed = false;
   for (const std::uint64_t size : s.cfg.sizes()) {
     const Plan p = plan_for(s.cfg, size);

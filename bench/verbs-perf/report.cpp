@@ -54,7 +54,6 @@ void print_banner(const Session& s) {
     std::printf(" local address: LID %#06x QPN %#06x PSN %#08x\n", e.lid, e.qp_num, e.psn);
     std::printf(" GID: %s\n", e.gid.to_string().c_str());
   }
-  std::fflush(stdout);
 }
 
 void print_header(const Config& c) {
@@ -66,7 +65,6 @@ void print_header(const Config& c) {
   else
     std::printf(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]"
                 "   99%% percentile[usec]   99.9%% percentile[usec] \n");
-  std::fflush(stdout);
 }
 
 void print_row(const Config& c, const RunOutcome& r) {
@@ -84,12 +82,10 @@ void print_row(const Config& c, const RunOutcome& r) {
                 " \t\t%-7.2f\n",
                 l.bytes, l.iters, l.t_min, l.t_max, l.t_typical, l.t_avg, l.t_stdev, l.p99, l.p999);
   }
-  std::fflush(stdout);
 }
 
 void print_footer() {
   std::printf("%s", kLine);
-  std::fflush(stdout);
 }
 
 void write_json(const Session& s, const std::vector<RunOutcome>& results, const std::string& path) {

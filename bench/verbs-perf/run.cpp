@@ -299,6 +299,23 @@ RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
   std::vector<bool> finished(nq, false);
   std::vector<verbs::SendWr> chain;
   chain.reserve(pl);
+  // A post list is built once per QP and posted again and again, as perftest does (its list's
+  // addresses stay put; only a single request walks the cycle buffer). The list ends with a
+  // signaled request (the post list is a multiple of the CQ moderation), so each completion
+  // stands for cq-mod requests. --verify writes a new message every time, so it builds each list.
+  const bool fixed = pl > 1 && !c.verify;
+  std::vector<std::vector<verbs::SendWr>> lists(fixed ? nq : 0);
+  for (std::uint32_t q = 0; q < lists.size(); ++q)
+    for (std::uint32_t j = 0; j < pl; ++j) {
+      const std::uint32_t k = j % slots;
+      const verbs::PostOptions o{.wr_id = std::uint64_t{q} << kQpShift, .signaled = (j + 1) % mod == 0, .inline_data = inl};
+      const verbs::LocalSlice& l = local[q * slots + k];
+      switch (verb) {
+        case Verb::write: lists[q].push_back(verbs::SendWr::write(l, remote[q * slots + k], o)); break;
+        case Verb::read: lists[q].push_back(verbs::SendWr::read(l, remote[q * slots + k], o)); break;
+        default: lists[q].push_back(verbs::SendWr::send(l, o)); break;
+      }
+    }
   std::vector<Point> posts, completions;
   if (peak) {
     posts.reserve(total / pl + 1);
@@ -324,6 +341,20 @@ RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
           break;
         }
         if (scnt[q] - ccnt[q] + pl > tx) break;  // tx-depth requests outstanding
+        if (fixed) {
+          const std::uint64_t now = Ticks::now();
+          if (totscnt == 0) first_post = now;
+          if (peak) posts.push_back({totscnt, now});
+          if (const verbs::PostResult r = s.qps[q]->post(std::span(lists[q])); !r) post_failed(r, "post");
+          scnt[q] += pl;
+          totscnt += pl;
+          covered[q] = scnt[q];
+          if (!timed && scnt[q] == n) {
+            finish(q);
+            break;
+          }
+          continue;
+        }
         for (std::uint32_t j = 0; j < pl; ++j) {
           const std::uint64_t w = scnt[q] + j;
           const auto k = static_cast<std::uint32_t>(w % slots);
@@ -363,7 +394,7 @@ RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
       for (const verbs::Completion& wc : got) {
         if (!wc.ok()) completion_failed(wc);
         const auto q = static_cast<std::uint32_t>(wc.wr_id() >> kQpShift);
-        const std::uint64_t w = wc.wr_id() & ((std::uint64_t{1} << kQpShift) - 1);
+        const std::uint64_t w = fixed ? ccnt[q] + mod - 1 : wc.wr_id() & ((std::uint64_t{1} << kQpShift) - 1);
         totccnt += w + 1 - ccnt[q];
         ccnt[q] = w + 1;
         const std::uint64_t now = Ticks::now();
