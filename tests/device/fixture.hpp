@@ -38,6 +38,25 @@ class DeviceTest : public ::testing::Test {
   std::optional<ProtectionDomain> pd;
 };
 
+/// Fills `bytes` with a pattern derived from `seed` (never all equal bytes).
+void fill_pattern(std::span<std::byte> bytes, unsigned seed);
+
+/// DeviceTest plus two regions of `Size` bytes with every access right: `src` holds a pattern,
+/// `dst` is zero.
+template <std::size_t Size>
+class RegionsTest : public DeviceTest {
+ protected:
+  static constexpr std::size_t kRegion = Size;
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    src.emplace(MemoryRegion::allocate(*pd, Size, all_access));
+    dst.emplace(MemoryRegion::allocate(*pd, Size, all_access));
+    fill_pattern(src->bytes(), 1);
+  }
+  std::optional<MemoryRegion> src, dst;
+};
+
 /// Waits for exactly one completion on `cq`, failing the test (not hanging) after `timeout`.
 Completion expect_completion(CompletionQueue& cq, std::chrono::milliseconds timeout = 10s);
 /// Waits until `n` completions have arrived on `cq` (or the timeout passes) and returns them.
@@ -82,8 +101,6 @@ struct QpPair {
   QueuePair a, b;
 };
 
-/// Fills `bytes` with a pattern derived from `seed` (never all equal bytes).
-void fill_pattern(std::span<std::byte> bytes, unsigned seed);
 /// The pattern fill_pattern writes, as a vector.
 std::vector<std::byte> pattern(std::size_t size, unsigned seed);
 

@@ -29,17 +29,8 @@ static_assert(std::is_nothrow_move_constructible_v<verbs::QueuePair> &&
 static_assert(std::is_nothrow_swappable_v<verbs::QueuePair>);
 static_assert(!std::is_copy_constructible_v<verbs::QueuePair> && !std::is_copy_assignable_v<verbs::QueuePair>);
 
-constexpr std::size_t kRegion = 64 * 1024;
-
-class QueuePair : public DeviceTest {
+class QueuePair : public RegionsTest<64 * 1024> {
  protected:
-  void SetUp() override {
-    DeviceTest::SetUp();
-    if (IsSkipped()) return;
-    src.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
-    dst.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
-    fill_pattern(src->bytes(), 1);
-  }
   /// RC with every remote right and 4 SGEs each way, unless `o` says otherwise.
   static QpOptions rc(QpOptions o = {}) {
     if (o.access.empty()) o.access = all_access;
@@ -62,7 +53,6 @@ class QueuePair : public DeviceTest {
     std::memcpy(mr.data() + offset, &v, sizeof v);
   }
 
-  std::optional<verbs::MemoryRegion> src, dst;
 };
 
 /// The bytes of several slices, one after the other.

@@ -15,17 +15,8 @@ using verbs::SendWr;
 using verbs::WcOpcode;
 using verbs::WcStatus;
 
-constexpr std::size_t kRegion = 16 * 1024;
-
-class RemoteError : public DeviceTest {
+class RemoteError : public RegionsTest<16 * 1024> {
  protected:
-  void SetUp() override {
-    DeviceTest::SetUp();
-    if (IsSkipped()) return;
-    src.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
-    dst.emplace(verbs::MemoryRegion::allocate(*pd, kRegion, all_access));
-    fill_pattern(src->bytes(), 1);
-  }
   [[nodiscard]] QpPair pair(verbs::AccessFlags qp_access = all_access,
                             verbs::ConnectOptions connect = QpPair::fast()) const {
     return QpPair(*dev, *pd, {.access = qp_access}, connect);
@@ -37,7 +28,6 @@ class RemoteError : public DeviceTest {
     return r;
   }
 
-  std::optional<verbs::MemoryRegion> src, dst;
 };
 
 /// Success when `c` failed with `status` and carries `wr_id`.
