@@ -16,3 +16,16 @@ add_test(NAME bench.compare_out_outside_repo_for_vm
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/compare --perf $<TARGET_FILE:verbs-perf> --out /proc/verbs-compare)
 set_tests_properties(bench.compare_out_outside_repo_for_vm PROPERTIES LABELS host TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "compare: --out /proc/verbs-compare: (the run goes to the SoftRoCE VM, which can write only inside the repository|cannot write there)")
+
+# bench/compare --report prints the table again from a compare.json: the stored results must give
+# back the very ratio lines their run printed, with a 90% interval on every ratio and gain row;
+# a file that is not a compare.json is refused with a reason. Host tests.
+add_test(NAME bench.compare_report
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/compare-report-check
+                 ${CMAKE_CURRENT_LIST_DIR}/results/compare.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run2.json
+                 ${CMAKE_CURRENT_LIST_DIR}/results/compare-run3.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run4.json)
+set_tests_properties(bench.compare_report PROPERTIES LABELS host TIMEOUT 120)
+add_test(NAME bench.compare_report_not_json
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/compare --report ${CMAKE_CURRENT_LIST_DIR}/tests.cmake)
+set_tests_properties(bench.compare_report_not_json PROPERTIES LABELS host TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "compare: --report .*tests.cmake: not a compare.json")
