@@ -7,7 +7,8 @@
 // came from. It keeps no thread per connection: one poll() watches the listener, and each
 // connection's two completion channels and rdma_cm event channel. The client tells the server
 // its message size in the handshake (private data), sends its messages one by one, and checks
-// that each comes back unchanged.
+// that each comes back unchanged. The server posts its receives, sized from the request, before
+// it accepts (before_handshake), so the client's first message never finds the queue empty.
 #include <poll.h>
 
 #include <verbs/cm.hpp>
@@ -18,6 +19,8 @@
 #include <cstdio>
 #include <cstring>
 #include <list>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -45,10 +48,9 @@ struct Client {
   verbs::MemoryRegion slots;
   std::uint64_t echoed = 0;
 
-  Client(verbs::cm::Connection c, std::size_t message_size)
-      : conn(std::move(c)), size(message_size),
-        slots(verbs::MemoryRegion::allocate(conn.pd(), kSlots * size, verbs::Access::local_write)) {
-    for (std::size_t k = 0; k < kSlots; ++k) post_receive(k);
+  /// `posted`: the slots, each with a receive posted (before the handshake).
+  Client(verbs::cm::Connection c, std::size_t message_size, verbs::MemoryRegion posted)
+      : conn(std::move(c)), size(message_size), slots(std::move(posted)) {
     conn.recv_cq().req_notify();  // make each CQ's fd readable at its next completion
     conn.send_cq().req_notify();
   }
@@ -95,14 +97,24 @@ void serve(const example::Args& args, std::uint64_t expected) {
     if (ready == 0) throw std::runtime_error("nothing happened for " + std::to_string(args.timeout.count()) + " s");
 
     if (accepted < expected && fds[0].revents != 0) {  // a connection request
-      verbs::cm::Connection conn = listener.accept(args.timeout);
-      const auto data = conn.peer_private_data();
+      // Size the slots from the request and post their receives before accepting: the client
+      // may send as soon as it is connected. A request without a valid size is rejected.
       unsigned long long size = 0;
-      const std::string text(reinterpret_cast<const char*>(data.data()), data.size());
-      if (std::sscanf(text.c_str(), "size %llu", &size) != 1 || size == 0 || size > (1u << 20))
-        throw std::runtime_error("a client from " + conn.peer_address() + " asked for no valid message size");
-      clients.emplace_back(std::move(conn), size);
-      ++accepted;
+      std::optional<verbs::MemoryRegion> slots;
+      const auto prepare = [&](const verbs::cm::Handshake& h) {
+        const std::string text(reinterpret_cast<const char*>(h.peer_private_data.data()), h.peer_private_data.size());
+        if (std::sscanf(text.c_str(), "size %llu", &size) != 1 || size == 0 || size > (1u << 20))
+          throw std::invalid_argument("the request asked for no valid message size");
+        slots.emplace(verbs::MemoryRegion::allocate(h.pd, kSlots * size, verbs::Access::local_write));
+        for (std::size_t k = 0; k < kSlots; ++k) h.qp.post_recv(slots->slice(k * size, size), k).check();
+      };
+      try {
+        verbs::cm::Connection conn = listener.accept(args.timeout, {.before_handshake = prepare});
+        clients.emplace_back(std::move(conn), size, std::move(*slots));
+        ++accepted;
+      } catch (const std::invalid_argument& e) {
+        std::printf("%s: rejected a client: %s\n", kName, e.what());
+      }
     }
     // Rather than map each readable fd back to its client, look at every client: service()
     // never blocks.

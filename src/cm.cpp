@@ -257,9 +257,8 @@ struct Connection::Impl {
       fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)");
   }
 
-  /// After ESTABLISHED: learn the peer's data, and take back the remote rights rdma_cm granted
-  /// on the QP that the options did not ask for.
-  void on_established(std::vector<std::byte> data, Phase phase) {
+  /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
+  void take_private_data(std::vector<std::byte> data) {
     std::error_code ec;
     if (data.size() >= RemoteSlice::wire_size) {
       if (auto r = RemoteSlice::decode(std::span(data).first(RemoteSlice::wire_size), ec)) {
@@ -268,6 +267,11 @@ struct Connection::Impl {
       }
     }
     peer_private = std::move(data);
+  }
+
+  /// After ESTABLISHED: take back the remote rights rdma_cm granted on the QP that the options
+  /// did not ask for.
+  void on_established(Phase phase) {
     established = true;
     // rdma_cm leaves min_rnr_timer at 0, which means 655 ms: a send that arrives just before
     // the peer posts its receive would stall that long. 12 is 0.64 ms, as in the core.
@@ -446,10 +450,12 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
                      o.resolve_timeout);
 
   c->build(o.connection, Phase::connect);
+  if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
   rdma_conn_param p = conn_param(o.connection, data, *c->device);
   if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect");
   Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout);
-  c->on_established(std::move(e.private_data), Phase::connect);
+  c->take_private_data(std::move(e.private_data));
+  c->on_established(Phase::connect);
   return Connection(std::move(c));
 }
 
@@ -541,6 +547,8 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id");
     try {
       c->build(o, Phase::accept);
+      c->take_private_data(std::move(req->private_data));
+      if (o.before_handshake) o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private});
     } catch (...) {
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
@@ -548,7 +556,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     rdma_conn_param p = conn_param(o, data, *c->device);
     if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept");
     (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout);
-    c->on_established(std::move(req->private_data), Phase::accept);
+    c->on_established(Phase::accept);
     return Connection(std::move(c));
   }
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -57,6 +58,15 @@ inline constexpr std::size_t max_connect_private_data = 56;
 /// Private-data limit of an accept, as above.
 inline constexpr std::size_t max_accept_private_data = 196;
 
+/// What ConnectionOptions::before_handshake is given.
+struct Handshake {
+  QueuePair& qp;                 ///< in INIT: receives may be posted, sends not yet
+  const ProtectionDomain& pd;    ///< the connection's PD (its own, or ConnectionOptions::pd)
+  /// On the server, the request's private data as Connection::peer_private_data() will give it
+  /// (without an exposed slice); on the client, empty (the peer has not answered yet).
+  std::span<const std::byte> peer_private_data;
+};
+
 /// What each side sets up for a connection.
 struct ConnectionOptions {
   QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
@@ -71,6 +81,14 @@ struct ConnectionOptions {
   std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
   std::uint8_t rnr_retry_count = 6;          ///< 7 means forever
   std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
+  /// Called once the QP exists, before this side starts or answers the handshake (before
+  /// rdma_connect(3) or rdma_accept(3)). Post the first receives here: a peer may send as soon
+  /// as it is connected, before connect() or accept() has returned on this side, and a send
+  /// that finds no receive meets RNR (retried after the receiver's RNR timer, rnr_retry_count
+  /// times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
+  /// An exception from it ends the connect or accept (the server rejects the request) and
+  /// propagates.
+  std::function<void(const Handshake&)> before_handshake{};
 };
 
 /// How cm::connect() connects.

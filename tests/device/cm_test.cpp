@@ -276,6 +276,74 @@ TEST_F(Cm, ClientRegistersOnTheRoutesDeviceAndExposesItInTheHandshake) {
   EXPECT_EQ(e->phase(), Phase::resolve_address);
 }
 
+// A client may send the moment connect() returns, before the server's accept() has returned
+// and before the server could post a receive. With no RNR retries (rnr_retry_count 0 on both
+// sides), that send fails with RNR_RETRY_EXC_ERR unless the server posted its receive in
+// before_handshake, before rdma_accept.
+TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
+  const auto round = [&](bool early) {
+    cm::Listener listener(test_addr(), 0);
+    std::optional<MemoryRegion> inbox;
+    int calls = 0;
+    cm::ConnectionOptions so{.rnr_retry_count = 0};
+    const auto post_inbox = [&](QueuePair& qp, const ProtectionDomain& pd, std::size_t size) {
+      inbox.emplace(MemoryRegion::allocate(pd, size, Access::local_write));
+      if (!qp.post_recv(inbox->slice(0, size), 77).ok()) throw std::runtime_error("post_recv failed");
+    };
+    if (early)
+      so.before_handshake = [&](const cm::Handshake& h) {
+        ++calls;
+        EXPECT_EQ(h.qp.state(), QpState::init);  // not yet connected
+        // The request's private data is there to size the receives by.
+        const std::string asked(reinterpret_cast<const char*>(h.peer_private_data.data()), 7);
+        EXPECT_EQ(asked, "size 64");
+        post_inbox(h.qp, h.pd, 64);
+      };
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection c = listener.accept(10s, so);
+      if (!early) {
+        std::this_thread::sleep_for(300ms);  // a server that does other work first
+        post_inbox(c.qp(), c.pd(), 64);
+      }
+      return c;
+    });
+    const std::vector<std::byte> hello = bytes_of("size 64");
+    cm::Connection client =
+        cm::connect(test_addr(), listener.port(), {.connection = {.private_data = hello, .rnr_retry_count = 0}});
+    auto msg = MemoryRegion::allocate(client.pd(), 64);
+    fill_pattern(msg.bytes(), 5);
+    EXPECT_TRUE(client.qp().post_send(msg.slice(0, 64), {.wr_id = 1}).ok());
+    const auto sent = client.wait_one(client.send_cq(), 10s);
+    cm::Connection conn = server.get();
+    EXPECT_EQ(calls, early ? 1 : 0);
+    if (!sent) return std::optional<WcStatus>{};
+    if (sent->ok()) {
+      const auto got = conn.wait_one(conn.recv_cq(), 10s);
+      EXPECT_TRUE(got && got->ok() && got->wr_id() == 77u);
+      EXPECT_EQ(std::memcmp(inbox->data(), msg.data(), 64), 0);
+    }
+    return std::optional<WcStatus>{sent->status()};
+  };
+  // Without the hook the race is lost (the receive comes 300 ms late): the test can fail.
+  EXPECT_EQ(round(false), WcStatus::rnr_retry_exc_err);
+  EXPECT_EQ(round(true), WcStatus::success);
+}
+
+// An exception from before_handshake ends the accept (the client is rejected) and reaches the
+// caller of accept(); the connect side sees ECONNREFUSED.
+TEST_F(Cm, ExceptionFromBeforeHandshakeRejectsTheRequest) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.before_handshake = [](const cm::Handshake&) {
+                             throw std::runtime_error("no receive buffers left");
+                           }});
+  });
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+  EXPECT_THROW((void)server.get(), std::runtime_error);
+}
+
 TEST_F(Cm, ExchangeGivesEachSideThePeersSlice) {
   cm::Listener listener(test_addr(), 0);
   const cm::ConnectionOptions o{.qp = {.access = Access::remote_write}};
