@@ -208,6 +208,7 @@ struct Connection::Impl {
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
   bool established = false;
+  bool settled = false;       // settle_qp done
   bool disconnected = false;  // rdma_disconnect called
   bool peer_gone = false;
   unsigned spins = 0;
@@ -269,10 +270,9 @@ struct Connection::Impl {
     peer_private = std::move(data);
   }
 
-  /// After ESTABLISHED: take back the remote rights rdma_cm granted on the QP that the options
-  /// did not ask for.
-  void on_established(Phase phase) {
-    established = true;
+  /// Once the QP is in RTS: take back the remote rights rdma_cm granted on it that the options
+  /// did not ask for, and shorten its RNR timer.
+  void settle_qp(Phase phase) {
     // rdma_cm leaves min_rnr_timer at 0, which means 655 ms: a send that arrives just before
     // the peer posts its receive would stall that long. 12 is 0.64 ms, as in the core.
     ibv_qp_attr a{};
@@ -283,6 +283,13 @@ struct Connection::Impl {
         rc != 0)
       fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
     (void)qp->query_state();
+    settled = true;
+  }
+
+  /// After ESTABLISHED (the client's QP reaches RTS only then).
+  void on_established(Phase phase) {
+    established = true;
+    if (!settled) settle_qp(phase);
   }
 
   /// Reads pending events without blocking, and notes a disconnect (or device removal).
@@ -555,6 +562,10 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     }
     rdma_conn_param p = conn_param(o, data, *c->device);
     if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept");
+    // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
+    // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
+    // the QP now, not then.
+    if (c->qp->query_state() == QpState::rts) c->settle_qp(Phase::accept);
     (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout);
     c->on_established(Phase::accept);
     return Connection(std::move(c));

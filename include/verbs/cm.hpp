@@ -79,7 +79,7 @@ struct ConnectionOptions {
   std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
   std::uint8_t initiator_depth = 16;         ///< reads/atomics we may have in flight (device-capped)
   std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
-  std::uint8_t rnr_retry_count = 6;          ///< 7 means forever
+  std::uint8_t rnr_retry_count = 6;          ///< the peer's RNR retries (sent in the handshake); 7: forever
   std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
   /// Called once the QP exists, before this side starts or answers the handshake (before
   /// rdma_connect(3) or rdma_accept(3)). Post the first receives here: a peer may send as soon

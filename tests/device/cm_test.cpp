@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -327,6 +328,68 @@ TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
   // Without the hook the race is lost (the receive comes 300 ms late): the test can fail.
   EXPECT_EQ(round(false), WcStatus::rnr_retry_exc_err);
   EXPECT_EQ(round(true), WcStatus::success);
+}
+
+// A send that arrives before the server has posted its receive is retried after the server
+// QP's RNR timer. rdma_cm sets that timer to 0, which means 655 ms; the connection sets 0.64 ms,
+// and must do so before the client can send: the client may send as soon as connect() returns,
+// while the server's accept() is still waiting for ESTABLISHED. Here the server posts its
+// receive 100 ms after accept() returns; the send must complete once that receive is there,
+// not 655 ms after its first try. (655.36 ms is the RNR timer's code 0 in the specification,
+// not a speed goal.) The client's send wins that race in about half the connections, so the
+// test makes ten.
+TEST_F(Cm, ASendBeforeTheServersReceiveWaitsForTheShortRnrTimer) {
+  cm::Listener listener(test_addr(), 0);
+  for (int round = 0; round < 10; ++round) {
+    std::optional<MemoryRegion> inbox;
+    auto server = std::async(std::launch::async, [&] {
+      // rnr_retry_count travels in the handshake: the server's value is the client QP's.
+      cm::Connection c = listener.accept(10s, {.rnr_retry_count = 7});
+      std::this_thread::sleep_for(100ms);
+      inbox.emplace(MemoryRegion::allocate(c.pd(), 64, Access::local_write));
+      EXPECT_TRUE(c.qp().post_recv(inbox->slice(0, 64)).ok());
+      return c;
+    });
+    cm::Connection client = cm::connect(test_addr(), listener.port());
+    auto msg = MemoryRegion::allocate(client.pd(), 64);
+    const auto posted = std::chrono::steady_clock::now();
+    ASSERT_TRUE(client.qp().post_send(msg.slice(0, 64)).ok());
+    const auto wc = client.wait_one(client.send_cq(), 10s);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - posted);
+    cm::Connection conn = server.get();
+    ASSERT_TRUE(wc.has_value()) << "round " << round;
+    ASSERT_TRUE(wc->ok()) << "round " << round << ": " << make_error_code(wc->status()).message() << " after "
+                          << took.count() << " ms";
+    ASSERT_LT(took, 600ms) << "round " << round << ": the send waited " << took.count()
+                           << " ms: the server's QP still had rdma_cm's RNR timer (655 ms) when it arrived";
+  }
+}
+
+// rdma_cm grants remote read and write on the QPs it connects; the connection takes back what
+// its options did not ask for. On the server that must be done before the client can write,
+// which it may as soon as connect() returns, while the server's accept() is still waiting for
+// ESTABLISHED. The client's memory is registered before connecting, so its write follows
+// connect() at once; ten connections, as the race goes either way.
+TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain server_pd(*device);
+  auto target = MemoryRegion::allocate(server_pd, 64, Access::local_write | Access::remote_write);
+  ProtectionDomain client_pd(cm::device_to(test_addr()));
+  auto src = MemoryRegion::allocate(client_pd, 64);
+  fill_pattern(src.bytes(), 4);
+  for (int round = 0; round < 10; ++round) {
+    // The MR allows remote write; the server's QP was not asked for it.
+    auto server = std::async(std::launch::async,
+                             [&] { return listener.accept(10s, {.pd = &server_pd, .expose = target.remote()}); });
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd}});
+    ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote()).ok());
+    const auto wc = client.wait_one(client.send_cq(), 10s);
+    cm::Connection conn = server.get();
+    ASSERT_TRUE(wc.has_value()) << "round " << round;
+    EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
+    EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
+        << "round " << round;
+  }
 }
 
 // An exception from before_handshake ends the accept (the client is rejected) and reaches the
