@@ -392,6 +392,34 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   }
 }
 
+// The same on the client, whose QP rdma_cm moves to RTS with remote read and write before
+// connect() returns: a server that writes as soon as its accept() returns must find the right
+// the client did not ask for already taken back. Ten connections.
+TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain server_pd(*device);
+  auto src = MemoryRegion::allocate(server_pd, 64);
+  fill_pattern(src.bytes(), 6);
+  ProtectionDomain client_pd(cm::device_to(test_addr()));
+  auto target = MemoryRegion::allocate(client_pd, 64, Access::local_write | Access::remote_write);
+  for (int round = 0; round < 10; ++round) {
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection c = listener.accept(10s, {.pd = &server_pd});
+      EXPECT_TRUE(c.qp().post_write(src.slice(0, 64), c.remote()).ok());
+      const auto wc = c.wait_one(c.send_cq(), 10s);
+      return std::pair{std::move(c), wc};
+    });
+    // The MR allows remote write; the client's QP was not asked for it.
+    cm::Connection client =
+        cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd, .expose = target.remote()}});
+    auto [conn, wc] = server.get();
+    ASSERT_TRUE(wc.has_value()) << "round " << round;
+    EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
+    EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
+        << "round " << round;
+  }
+}
+
 // An exception from before_handshake ends the accept (the client is rejected) and reaches the
 // caller of accept(); the connect side sees ECONNREFUSED.
 TEST_F(Cm, ExceptionFromBeforeHandshakeRejectsTheRequest) {
