@@ -2,7 +2,7 @@
 
 namespace verbs {
 
-AddressHandle::AddressHandle(const ProtectionDomain& pd, const AhOptions& o) {
+AddressHandle::AddressHandle(const ProtectionDomain& pd, const AhOptions& o, SourceLocation where) {
   ibv_ah_attr a{};
   a.dlid = o.dlid;
   a.sl = o.sl;
@@ -14,7 +14,7 @@ AddressHandle::AddressHandle(const ProtectionDomain& pd, const AhOptions& o) {
     a.grh.hop_limit = o.hop_limit;
     a.grh.traffic_class = o.traffic_class;
   }
-  ibv_ah* ah = detail::check_ptr(ibv_create_ah(pd.native_handle(), &a), "ibv_create_ah");
+  ibv_ah* ah = detail::check_ptr(ibv_create_ah(pd.native_handle(), &a), "ibv_create_ah", where);
   ah_ = std::shared_ptr<ibv_ah>(ah, [pd = pd.shared_handle()](ibv_ah* h) { ibv_destroy_ah(h); });
 }
 

@@ -7,19 +7,19 @@
 
 namespace verbs {
 
-CompletionQueue::CompletionQueue(const Device& device, CqOptions options) {
+CompletionQueue::CompletionQueue(const Device& device, CqOptions options, SourceLocation where) {
   ibv_context* ctx = device.native_handle();
   std::shared_ptr<ibv_comp_channel> channel;
   if (options.with_channel) {
-    ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel");
+    ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel", where);
     channel.reset(ch, [](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
     // Non-blocking, so consume_events() and wait() never sleep inside ibv_get_cq_event.
     const int fl = ::fcntl(ch->fd, F_GETFL);
     if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
-      detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", SourceLocation::current());
+      detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", where);
   }
   ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
-                                 "ibv_create_cq");
+                                 "ibv_create_cq", where);
   // The channel must outlive the CQ, the context both.
   cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
 }

@@ -20,8 +20,8 @@ inline std::uint64_t get_le(const std::byte* p, int n) noexcept {
   return v;
 }
 
-PortInfo query_port(ibv_context* ctx, std::uint8_t port_num);
+PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num);
-GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num);
+GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
 
 }  // namespace verbs::detail

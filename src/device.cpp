@@ -48,8 +48,8 @@ bool kernel_has_rdma() {
   detail::throw_error(make_error_code(Errc::no_device), text, where);
 }
 
-std::shared_ptr<ibv_context> open_context(ibv_device* dev) {
-  ibv_context* ctx = detail::check_ptr(ibv_open_device(dev), "ibv_open_device");
+std::shared_ptr<ibv_context> open_context(ibv_device* dev, SourceLocation where) {
+  ibv_context* ctx = detail::check_ptr(ibv_open_device(dev), "ibv_open_device", where);
   // Non-blocking async fd, so wait_async_event can poll it with a timeout.
   const int fl = ::fcntl(ctx->async_fd, F_GETFL);
   if (fl >= 0) (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
@@ -102,27 +102,28 @@ std::vector<DeviceInfo> list_devices() {
   return out;
 }
 
-Device::Device(std::shared_ptr<ibv_context> ctx, std::string name) : ctx_(std::move(ctx)), name_(std::move(name)) {
-  detail::check_rc(ibv_query_device_ex(ctx_.get(), nullptr, &attr_), "ibv_query_device_ex");
+Device::Device(std::shared_ptr<ibv_context> ctx, std::string name, SourceLocation where)
+    : ctx_(std::move(ctx)), name_(std::move(name)) {
+  detail::check_rc(ibv_query_device_ex(ctx_.get(), nullptr, &attr_), "ibv_query_device_ex", where);
 }
 
-Device Device::open(std::string_view name) {
+Device Device::open(std::string_view name, SourceLocation where) {
   const DeviceList l;
   std::string present;
   for (ibv_device* d : l.devices()) {
-    if (name == ibv_get_device_name(d)) return Device(open_context(d), std::string(name));
+    if (name == ibv_get_device_name(d)) return Device(open_context(d, where), std::string(name), where);
     present += present.empty() ? "" : ", ";
     present += ibv_get_device_name(d);
   }
   throw_no_device("no RDMA device named '" + std::string(name) + "' (present: " +
                       (present.empty() ? std::string("none") : present) + ")",
-                  SourceLocation::current());
+                  where);
 }
 
-Device Device::open_first() {
+Device Device::open_first(SourceLocation where) {
   const DeviceList l;
-  if (l.devices().empty()) throw_no_device("no RDMA device found", SourceLocation::current());
-  return Device(open_context(l.devices()[0]), ibv_get_device_name(l.devices()[0]));
+  if (l.devices().empty()) throw_no_device("no RDMA device found", where);
+  return Device(open_context(l.devices()[0], where), ibv_get_device_name(l.devices()[0]), where);
 }
 
 Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
@@ -159,9 +160,9 @@ std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds tim
 
 namespace detail {
 
-PortInfo query_port(ibv_context* ctx, std::uint8_t port_num) {
+PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
   PortInfo p;
-  check_rc(ibv_query_port(ctx, port_num, &p.raw), "ibv_query_port");
+  check_rc(ibv_query_port(ctx, port_num, &p.raw), "ibv_query_port", where);
   p.port_num = port_num;
   p.state = p.raw.state;
   p.max_mtu = static_cast<Mtu>(p.raw.max_mtu);
@@ -194,8 +195,8 @@ std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
   return out;
 }
 
-GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num) {
-  const PortInfo p = query_port(ctx, port_num);
+GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
+  const PortInfo p = query_port(ctx, port_num, where);
   const std::vector<GidEntry> table = query_gid_table(ctx, port_num);
   if (!p.is_ethernet()) {
     GidEntry e;
@@ -214,7 +215,7 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num) {
   detail::throw_error(make_error_code(Errc::no_device),
                       "port " + std::to_string(port_num) +
                           " has no usable GID: is its netdev up, with an IP address?",
-                      SourceLocation::current());
+                      where);
 }
 
 }  // namespace detail

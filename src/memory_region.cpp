@@ -33,25 +33,27 @@ Buffer::Buffer(std::size_t size) {
 
 Buffer::~Buffer() { std::free(data_); }  // NOLINT
 
-MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access)
+MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
+                           SourceLocation where)
     : access_(access) {
   constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
   if ((access & needs_local_write) && !(access & Access::local_write))
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
-                        SourceLocation::current());
+                        where);
   ibv_mr* mr = detail::check_ptr(
-      ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr");
+      ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr", where);
   mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
 }
 
-MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access)
-    : MemoryRegion(pd, buffer.span(), access) {
+MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where)
+    : MemoryRegion(pd, buffer.span(), access, where) {
   buffer_ = std::move(buffer);
 }
 
-MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access) {
-  return MemoryRegion(Buffer(size), pd, access);
+MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access,
+                                    SourceLocation where) {
+  return MemoryRegion(Buffer(size), pd, access, where);
 }
 
 RemoteSlice::Wire RemoteSlice::encode() const noexcept {
@@ -77,7 +79,7 @@ std::optional<RemoteSlice> RemoteSlice::decode(std::span<const std::byte> wire, 
   return r;
 }
 
-RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire) {
+RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire, SourceLocation where) {
   std::error_code ec;
   if (auto r = decode(wire, ec)) return *r;
   std::string why;
@@ -91,7 +93,7 @@ RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire) {
     why = "reserved byte not zero";
   else
     why = "addr + length wraps around";
-  detail::throw_error(ec, "RemoteSlice::decode: " + why, SourceLocation::current());
+  detail::throw_error(ec, "RemoteSlice::decode: " + why, where);
 }
 
 RemoteSlice RemoteSlice::slice(std::uint64_t offset, std::uint64_t len, SourceLocation where) const {

@@ -2,8 +2,8 @@
 
 namespace verbs {
 
-ProtectionDomain::ProtectionDomain(const Device& device) {
-  ibv_pd* pd = detail::check_ptr(ibv_alloc_pd(device.native_handle()), "ibv_alloc_pd");
+ProtectionDomain::ProtectionDomain(const Device& device, SourceLocation where) {
+  ibv_pd* pd = detail::check_ptr(ibv_alloc_pd(device.native_handle()), "ibv_alloc_pd", where);
   pd_ = std::shared_ptr<ibv_pd>(pd, [ctx = device.shared_handle()](ibv_pd* p) { ibv_dealloc_pd(p); });
 }
 

@@ -35,8 +35,8 @@ std::uint32_t random_psn() {
 
 constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
 
-[[noreturn]] void bad_option(const std::string& what) {
-  detail::throw_error(make_error_code(Errc::bad_argument), what, SourceLocation::current());
+[[noreturn]] void bad_option(const std::string& what, SourceLocation where) {
+  detail::throw_error(make_error_code(Errc::bad_argument), what, where);
 }
 
 }  // namespace
@@ -81,9 +81,9 @@ ibv_qp_init_attr QueuePair::init_attr(const CompletionQueue& send_cq, const Comp
 }
 
 QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                     const QpOptions& o) {
+                     const QpOptions& o, SourceLocation where) {
   ibv_qp_init_attr init = init_attr(send_cq, recv_cq, o);
-  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp");
+  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp", where);
   std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
   // Created here so that a failing setup_ below still destroys the QP.
   qp_ = std::shared_ptr<ibv_qp>(
@@ -91,34 +91,34 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
         ibv_destroy_qp(q);
       });
   // ibv_create_qp writes back what the device granted (at least what was asked).
-  setup_(o, init.cap);
+  setup_(o, init.cap, where);
 }
 
 QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted,
                            QpState state) {
   QueuePair q;
   q.qp_ = std::move(qp);
-  q.setup_(options, granted);
+  q.setup_(options, granted, SourceLocation::current());
   q.set_state_(static_cast<std::uint8_t>(state));
   return q;
 }
 
-void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
+void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where) {
   ibv_context* ctx = qp_->context;
   access_ = o.access;
   pkey_index_ = o.pkey_index;
   port_ = o.port;
   type_ = o.type;
   has_srq_ = o.srq != nullptr;
-  const PortInfo port = detail::query_port(ctx, o.port);
+  const PortInfo port = detail::query_port(ctx, o.port, where);
   ethernet_ = port.is_ethernet();
   if (o.gid_index) {
     gid_index_ = *o.gid_index;
     ibv_gid g{};
-    detail::check_rc(ibv_query_gid(ctx, o.port, static_cast<int>(gid_index_), &g), "ibv_query_gid");
+    detail::check_rc(ibv_query_gid(ctx, o.port, static_cast<int>(gid_index_), &g), "ibv_query_gid", where);
     local_.gid = Gid::from_native(g);
   } else if (ethernet_) {
-    const GidChoice c = detail::choose_gid(ctx, o.port);
+    const GidChoice c = detail::choose_gid(ctx, o.port, where);
     gid_index_ = c.entry.index;
     local_.gid = c.entry.gid;
   }
@@ -138,16 +138,16 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted) {
   local_.mtu = port.active_mtu;
 }
 
-std::pair<std::uint8_t, std::uint8_t> QueuePair::rd_atomic_limits_() const {
+std::pair<std::uint8_t, std::uint8_t> QueuePair::rd_atomic_limits_(SourceLocation where) const {
   ibv_device_attr dev{};
-  detail::check_rc(ibv_query_device(qp_->context, &dev), "ibv_query_device");
+  detail::check_rc(ibv_query_device(qp_->context, &dev), "ibv_query_device", where);
   return {static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 0, 255)),
           static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 0, 255))};
 }
 
-void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb) {
+void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where) {
   attr.qp_state = to;
-  detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask | IBV_QP_STATE), verb);
+  detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask | IBV_QP_STATE), verb, where);
   set_state_(static_cast<std::uint8_t>(to));
 }
 
@@ -158,7 +158,7 @@ void QueuePair::set_state_(std::uint8_t state) noexcept {
   allowed_ = ops | (max_send_sge_ >= 1 ? ops << SendWr::one_sge_bit : 0);
 }
 
-void QueuePair::to_init() {
+void QueuePair::to_init(SourceLocation where) {
   ibv_qp_attr a{};
   a.pkey_index = pkey_index_;
   a.port_num = port_;
@@ -170,10 +170,10 @@ void QueuePair::to_init() {
     a.qp_access_flags = static_cast<unsigned>(access_.value());
     mask |= IBV_QP_ACCESS_FLAGS;
   }
-  modify_(a, mask, IBV_QPS_INIT, "ibv_modify_qp(INIT)");
+  modify_(a, mask, IBV_QPS_INIT, "ibv_modify_qp(INIT)", where);
 }
 
-void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
+void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLocation where) {
   ibv_qp_attr a{};
   int mask = 0;
   if (type_ != QpType::ud) {
@@ -187,8 +187,7 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
     if (ethernet_ || !remote.gid.is_zero()) {
       if (remote.gid.is_zero())
         detail::throw_error(make_error_code(Errc::bad_argument),
-                            "QueuePair::to_rtr: the remote endpoint has no GID, which a RoCE port needs",
-                            SourceLocation::current());
+                            "QueuePair::to_rtr: the remote endpoint has no GID, which a RoCE port needs", where);
       a.ah_attr.is_global = 1;
       a.ah_attr.grh.dgid = remote.gid.native();
       a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_index_);
@@ -197,17 +196,17 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o) {
     }
     mask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     if (type_ == QpType::rc) {
-      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), rd_atomic_limits_().second);
+      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), rd_atomic_limits_(where).second);
       a.min_rnr_timer = o.min_rnr_timer;
       mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     }
   }
-  modify_(a, mask, IBV_QPS_RTR, "ibv_modify_qp(RTR)");
+  modify_(a, mask, IBV_QPS_RTR, "ibv_modify_qp(RTR)", where);
 }
 
-void QueuePair::to_rts(const ConnectOptions& o) {
+void QueuePair::to_rts(const ConnectOptions& o, SourceLocation where) {
   if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
-    bad_option("QueuePair::to_rts: retry_cnt and rnr_retry are 0..7, timeout 0..31");
+    bad_option("QueuePair::to_rts: retry_cnt and rnr_retry are 0..7, timeout 0..31", where);
   ibv_qp_attr a{};
   a.sq_psn = local_.psn;
   int mask = IBV_QP_SQ_PSN;
@@ -215,44 +214,44 @@ void QueuePair::to_rts(const ConnectOptions& o) {
     a.timeout = o.timeout;
     a.retry_cnt = o.retry_cnt;
     a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), rd_atomic_limits_().first);
+    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), rd_atomic_limits_(where).first);
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
   }
-  modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)");
+  modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)", where);
 }
 
-void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o) {
-  if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()");
+void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o, SourceLocation where) {
+  if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()", where);
   if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
-    bad_option("QueuePair::connect: retry_cnt and rnr_retry are 0..7, timeout 0..31");
-  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset();
-  if (state_ == IBV_QPS_RESET) to_init();
-  to_rtr(remote, o);
-  to_rts(o);
+    bad_option("QueuePair::connect: retry_cnt and rnr_retry are 0..7, timeout 0..31", where);
+  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
+  if (state_ == IBV_QPS_RESET) to_init(where);
+  to_rtr(remote, o, where);
+  to_rts(o, where);
 }
 
-void QueuePair::activate() {
-  if (type_ != QpType::ud) bad_option("QueuePair::activate: only for UD; connect RC and UC QPs to a peer");
-  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset();
-  if (state_ == IBV_QPS_RESET) to_init();
-  to_rtr(Endpoint{});
-  to_rts();
+void QueuePair::activate(SourceLocation where) {
+  if (type_ != QpType::ud) bad_option("QueuePair::activate: only for UD; connect RC and UC QPs to a peer", where);
+  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
+  if (state_ == IBV_QPS_RESET) to_init(where);
+  to_rtr(Endpoint{}, {}, where);
+  to_rts({}, where);
 }
 
-void QueuePair::reset() {
+void QueuePair::reset(SourceLocation where) {
   ibv_qp_attr a{};
-  modify_(a, 0, IBV_QPS_RESET, "ibv_modify_qp(RESET)");
+  modify_(a, 0, IBV_QPS_RESET, "ibv_modify_qp(RESET)", where);
 }
 
-void QueuePair::to_error() {
+void QueuePair::to_error(SourceLocation where) {
   ibv_qp_attr a{};
-  modify_(a, 0, IBV_QPS_ERR, "ibv_modify_qp(ERR)");
+  modify_(a, 0, IBV_QPS_ERR, "ibv_modify_qp(ERR)", where);
 }
 
-QpState QueuePair::query_state() {
+QpState QueuePair::query_state(SourceLocation where) {
   ibv_qp_attr a{};
   ibv_qp_init_attr init{};
-  detail::check_rc(ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init), "ibv_query_qp");
+  detail::check_rc(ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init), "ibv_query_qp", where);
   set_state_(static_cast<std::uint8_t>(a.qp_state));
   return static_cast<QpState>(a.qp_state);
 }
@@ -301,10 +300,10 @@ std::optional<Endpoint> Endpoint::decode(std::span<const std::byte> w, std::erro
   return e;
 }
 
-Endpoint Endpoint::decode(std::span<const std::byte> w) {
+Endpoint Endpoint::decode(std::span<const std::byte> w, SourceLocation where) {
   std::error_code ec;
   if (auto e = decode(w, ec)) return *e;
-  detail::throw_error(ec, std::string("Endpoint::decode: ") + endpoint_problem(w), SourceLocation::current());
+  detail::throw_error(ec, std::string("Endpoint::decode: ") + endpoint_problem(w), where);
 }
 
 }  // namespace verbs

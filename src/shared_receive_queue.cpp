@@ -2,12 +2,12 @@
 
 namespace verbs {
 
-SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o) {
+SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o, SourceLocation where) {
   ibv_srq_init_attr init{};
   init.attr.max_wr = o.max_wr;
   init.attr.max_sge = o.max_sge;
   init.attr.srq_limit = o.limit;
-  ibv_srq* srq = detail::check_ptr(ibv_create_srq(pd.native_handle(), &init), "ibv_create_srq");
+  ibv_srq* srq = detail::check_ptr(ibv_create_srq(pd.native_handle(), &init), "ibv_create_srq", where);
   srq_ = std::shared_ptr<ibv_srq>(srq, [pd = pd.shared_handle()](ibv_srq* s) { ibv_destroy_srq(s); });
   max_wr_ = init.attr.max_wr;
   max_sge_ = init.attr.max_sge;

@@ -27,7 +27,7 @@ struct AhOptions {
 class AddressHandle {
  public:
   /// ibv_create_ah(3). Throws Error (EINVAL, e.g. a RoCE AH without a GID).
-  AddressHandle(const ProtectionDomain& pd, const AhOptions& options);
+  AddressHandle(const ProtectionDomain& pd, const AhOptions& options, SourceLocation where = SourceLocation::current());
   /// ibv_create_ah_from_wc(3): an AH that answers the sender of a UD receive. `grh` is the first
   /// 40 bytes of the receive buffer.
   [[nodiscard]] static AddressHandle reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,

@@ -94,7 +94,7 @@ class CompletionQueue {
  public:
   /// ibv_create_cq(3) (and ibv_create_comp_channel(3) when asked). Throws Error (EINVAL for a
   /// depth over max_cqe, ENOMEM).
-  explicit CompletionQueue(const Device& device, CqOptions options = {});
+  explicit CompletionQueue(const Device& device, CqOptions options = {}, SourceLocation where = SourceLocation::current());
   /// Wraps a CQ created elsewhere (e.g. by another library, or a test's fake provider). `cq`'s
   /// deleter destroys it and must keep alive whatever it uses (context, completion channel).
   /// Nothing is asked of the device. Throws Error(Errc::bad_argument) for a null `cq`.

@@ -112,9 +112,9 @@ struct AsyncEvent {
 class Device {
  public:
   /// Opens the device with this name. Throws Error(Errc::no_device) naming the devices present.
-  [[nodiscard]] static Device open(std::string_view name);
+  [[nodiscard]] static Device open(std::string_view name, SourceLocation where = SourceLocation::current());
   /// Opens the first device. Throws Error(Errc::no_device) with how to create SoftRoCE if none.
-  [[nodiscard]] static Device open_first();
+  [[nodiscard]] static Device open_first(SourceLocation where = SourceLocation::current());
   /// Wraps a context opened elsewhere (e.g. by librdmacm: rdma_cm_id::verbs). The deleter
   /// decides what ends its life; objects made from the Device keep `ctx` alive.
   [[nodiscard]] static Device adopt(std::shared_ptr<ibv_context> ctx);
@@ -154,7 +154,7 @@ class Device {
   [[nodiscard]] const std::shared_ptr<ibv_context>& shared_handle() const noexcept { return ctx_; }
 
  private:
-  Device(std::shared_ptr<ibv_context> ctx, std::string name);
+  Device(std::shared_ptr<ibv_context> ctx, std::string name, SourceLocation where = SourceLocation::current());
 
   std::shared_ptr<ibv_context> ctx_;
   std::string name_;

@@ -91,7 +91,7 @@ struct RemoteSlice {
   /// Parses encode()'s output. Throws Error(Errc::bad_encoding) saying what is wrong: a size
   /// other than wire_size, wrong magic or version, a non-zero reserved byte, addr + length
   /// wrapping around.
-  [[nodiscard]] static RemoteSlice decode(std::span<const std::byte> wire);
+  [[nodiscard]] static RemoteSlice decode(std::span<const std::byte> wire, SourceLocation where = SourceLocation::current());
   [[nodiscard]] static std::optional<RemoteSlice> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
   ///@}
 
@@ -156,19 +156,22 @@ class MemoryRegion {
   /// Registers `memory` with `access` (no right by default). Remote write or atomic access
   /// requires local_write (checked here: Errc::bad_argument). Throws Error from ibv_reg_mr
   /// (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).
-  MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {});
+  MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
+               SourceLocation where = SourceLocation::current());
 
   /// Registers any contiguous range of trivially copyable elements.
   template <std::ranges::contiguous_range R>
     requires(std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
              !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>> &&
              !std::is_same_v<std::remove_cvref_t<R>, std::span<std::byte>>)
-  MemoryRegion(const ProtectionDomain& pd, R&& range, AccessFlags access = {})
+  MemoryRegion(const ProtectionDomain& pd, R&& range, AccessFlags access = {},
+               SourceLocation where = SourceLocation::current())
       : MemoryRegion(pd, std::as_writable_bytes(std::span(std::ranges::data(range), std::ranges::size(range))),
-                     access) {}
+                     access, where) {}
 
   /// Allocates a page-aligned zeroed buffer of `size` bytes owned by the region, and registers it.
-  [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {});
+  [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {},
+                                             SourceLocation where = SourceLocation::current());
 
   /// Move-only: the moved-from region is empty.
   MemoryRegion(MemoryRegion&&) noexcept = default;
@@ -231,7 +234,7 @@ class MemoryRegion {
   [[nodiscard]] ibv_mr* native_handle() const noexcept { return mr_.get(); }
 
  private:
-  MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access);
+  MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
 
   Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
   std::shared_ptr<ibv_mr> mr_;   // deleter holds the protection domain

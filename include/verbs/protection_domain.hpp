@@ -14,7 +14,7 @@ namespace verbs {
 class ProtectionDomain {
  public:
   /// ibv_alloc_pd(3). Throws Error (ENOMEM).
-  explicit ProtectionDomain(const Device& device);
+  explicit ProtectionDomain(const Device& device, SourceLocation where = SourceLocation::current());
 
   ///@{
   /// Move-only: the moved-from object is empty.

@@ -70,7 +70,7 @@ struct Endpoint {
   ///@{
   /// Parses encode()'s output. Throws Error(Errc::bad_encoding) saying what is wrong; the
   /// error_code form returns empty instead.
-  [[nodiscard]] static Endpoint decode(std::span<const std::byte> wire);
+  [[nodiscard]] static Endpoint decode(std::span<const std::byte> wire, SourceLocation where = SourceLocation::current());
   [[nodiscard]] static std::optional<Endpoint> decode(std::span<const std::byte> wire, std::error_code& ec) noexcept;
   ///@}
   /// Equal when every field is.
@@ -104,9 +104,10 @@ class QueuePair {
   /// inline size over max_inline_data; ENOMEM).
   ///@{
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-            const QpOptions& options = {});
-  QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {})
-      : QueuePair(pd, cq, cq, options) {}
+            const QpOptions& options = {}, SourceLocation where = SourceLocation::current());
+  QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {},
+            SourceLocation where = SourceLocation::current())
+      : QueuePair(pd, cq, cq, options, where) {}
   ///@}
 
   /// The attributes the constructor passes to ibv_create_qp, for code that creates the QP
@@ -133,21 +134,23 @@ class QueuePair {
 
   // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
   /// RESET -> INIT, with the access rights and port of the options.
-  void to_init();
+  void to_init(SourceLocation where = SourceLocation::current());
   /// INIT -> RTR towards `remote` (RC/UC); UD needs no remote.
-  void to_rtr(const Endpoint& remote, const ConnectOptions& options = {});
+  void to_rtr(const Endpoint& remote, const ConnectOptions& options = {},
+              SourceLocation where = SourceLocation::current());
   /// RTR -> RTS.
-  void to_rts(const ConnectOptions& options = {});
+  void to_rts(const ConnectOptions& options = {}, SourceLocation where = SourceLocation::current());
   /// (RESET ->) INIT -> RTR -> RTS towards `remote`.
-  void connect(const Endpoint& remote, const ConnectOptions& options = {});
+  void connect(const Endpoint& remote, const ConnectOptions& options = {},
+               SourceLocation where = SourceLocation::current());
   /// UD: (RESET ->) INIT -> RTR -> RTS.
-  void activate();
+  void activate(SourceLocation where = SourceLocation::current());
   /// Any state -> RESET; outstanding requests are discarded. The QP can then connect again.
-  void reset();
+  void reset(SourceLocation where = SourceLocation::current());
   /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
-  void to_error();
+  void to_error(SourceLocation where = SourceLocation::current());
   /// ibv_query_qp(3): the device's view, which can differ from state() after an error.
-  [[nodiscard]] QpState query_state();
+  [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current());
   /// The state of the last transition this object made (no system call).
   [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_); }
 
@@ -321,11 +324,11 @@ class QueuePair {
     return PostResult::device_error(detail::rc_to_errno(rc), 0);
   }
   QueuePair() = default;
-  void setup_(const QpOptions& o, const ibv_qp_cap& granted);
-  void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb);
+  void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where);
+  void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
   /// {max_qp_init_rd_atom, max_qp_rd_atom} of the device, for RTR and RTS.
-  [[nodiscard]] std::pair<std::uint8_t, std::uint8_t> rd_atomic_limits_() const;
+  [[nodiscard]] std::pair<std::uint8_t, std::uint8_t> rd_atomic_limits_(SourceLocation where) const;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;

@@ -24,7 +24,7 @@ struct SrqOptions {
 class SharedReceiveQueue {
  public:
   /// ibv_create_srq(3). Throws Error (EINVAL for sizes over the device's max_srq_wr/max_srq_sge).
-  explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {});
+  explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {}, SourceLocation where = SourceLocation::current());
 
   ///@{
   /// Move-only: the moved-from object is empty.

@@ -139,6 +139,31 @@ TEST_F(MemoryRegion, RemoteWriteOrAtomicWithoutLocalWriteIsRejectedWithAClearErr
   EXPECT_NE(ok.rkey(), 0u);
 }
 
+// The constructors' errors point at the caller's line, not into the library.
+TEST_F(MemoryRegion, ConstructorErrorsRecordTheCallersLine) {
+  std::vector<std::byte> memory(64);
+  int line = 0;
+  auto e = thrown_error([&] {
+    line = __LINE__ + 1;
+    verbs::MemoryRegion mr(*pd, std::span(memory), Access::remote_write);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line));
+  EXPECT_TRUE(contains(e->where().file_name(), "memory_region_test.cpp")) << e->where().file_name();
+  e = thrown_error([&] {
+    line = __LINE__ + 1;
+    (void)verbs::MemoryRegion::allocate(*pd, 64, Access::remote_atomic);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line));
+  e = thrown_error([&] {
+    line = __LINE__ + 1;
+    verbs::CompletionQueue cq(*dev, {.depth = 1 << 30});  // beyond any device's max_cqe
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line)) << e->what();
+}
+
 TEST_F(MemoryRegion, ReadOnlyPageWithLocalWriteFailsWithEfault) {
   const ReadOnlyPage page;
   ASSERT_FALSE(page.span().empty()) << "mmap failed";

@@ -76,6 +76,18 @@ TEST(Device, OpenUnknownNameThrowsNoDeviceListingThosePresent) {
   for (const verbs::DeviceInfo& d : present) EXPECT_TRUE(contains(e->what(), d.name));
 }
 
+TEST(Device, OpenErrorsRecordTheCallersLine) {
+  int line = 0;
+  const auto e = thrown_by([&] {
+    line = __LINE__ + 1;
+    (void)verbs::Device::open("verbs-test-no-such-device");
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line));
+  EXPECT_TRUE(contains(e->where().file_name(), "device_test.cpp")) << e->where().file_name();
+  EXPECT_TRUE(contains(e->what(), "device_test.cpp:" + std::to_string(line))) << e->what();
+}
+
 // ---- Gid ----
 
 Gid gid_from_text(const char* text) {

@@ -89,6 +89,18 @@ std::string rejection_of_remote(std::span<const std::byte> wire) {
 
 const RemoteSlice kSample{.addr = 0x10000, .length = 256, .rkey = 0x42};
 
+TEST(RemoteSlice, DecodeErrorRecordsTheCallersLine) {
+  const RemoteSlice::Wire w = kSample.encode();
+  int line = 0;
+  const auto e = thrown_by([&] {
+    line = __LINE__ + 1;
+    (void)RemoteSlice::decode(std::span(w).first(3));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line));
+  EXPECT_TRUE(contains(e->where().file_name(), "memory_region_test.cpp")) << e->where().file_name();
+}
+
 TEST(RemoteSlice, DecodeRejectsShorterInput) {
   const RemoteSlice::Wire w = kSample.encode();
   EXPECT_TRUE(contains(rejection_of_remote(std::span(w).first(23)), "size 23, expected 24"));
@@ -396,6 +408,18 @@ std::string rejection_of_endpoint(std::span<const std::byte> wire) {
   EXPECT_EQ(Endpoint::decode(wire, ec), std::nullopt);
   EXPECT_EQ(ec, Errc::bad_encoding) << "the error_code form agrees";
   return e->what();
+}
+
+TEST(Endpoint, DecodeErrorRecordsTheCallersLine) {
+  const Endpoint::Wire w = kPeer.encode();
+  int line = 0;
+  const auto e = thrown_by([&] {
+    line = __LINE__ + 1;
+    (void)Endpoint::decode(std::span(w).first(3));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->where().line(), static_cast<unsigned>(line));
+  EXPECT_TRUE(contains(e->where().file_name(), "memory_region_test.cpp")) << e->where().file_name();
 }
 
 TEST(Endpoint, DecodeRejectsWrongSize) {
