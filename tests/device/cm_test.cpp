@@ -378,6 +378,7 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   auto src = MemoryRegion::allocate(client_pd, 64);
   fill_pattern(src.bytes(), 4);
   for (int round = 0; round < 10; ++round) {
+    std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
     // The MR allows remote write; the server's QP was not asked for it.
     auto server = std::async(std::launch::async,
                              [&] { return listener.accept(10s, {.pd = &server_pd, .expose = target.remote()}); });
@@ -403,6 +404,7 @@ TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
   ProtectionDomain client_pd(cm::device_to(test_addr()));
   auto target = MemoryRegion::allocate(client_pd, 64, Access::local_write | Access::remote_write);
   for (int round = 0; round < 10; ++round) {
+    std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
     auto server = std::async(std::launch::async, [&] {
       cm::Connection c = listener.accept(10s, {.pd = &server_pd});
       EXPECT_TRUE(c.qp().post_write(src.slice(0, 64), c.remote()).ok());
