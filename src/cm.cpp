@@ -117,15 +117,16 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
   }
 }
 
-/// Waits for `wanted` on `ch`; any other event ends the phase with an error saying which.
+/// Waits for `wanted` (or `also`, when given) on `ch`; any other event ends the phase with an
+/// error saying which.
 Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::time_point deadline, Phase phase,
-                   std::chrono::milliseconds budget) {
+                   std::chrono::milliseconds budget, std::optional<rdma_cm_event_type> also = std::nullopt) {
   std::error_code ec;
   std::optional<Event> e = next_event(ch, deadline, ec);
   if (ec) fail(ec.value(), phase, "rdma_get_cm_event");
   if (!e)
     fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)");
-  if (e->type == wanted) return std::move(*e);
+  if (e->type == wanted || (also && e->type == *also)) return std::move(*e);
   const std::string what = std::string(rdma_event_str(e->type)) + " (status " + std::to_string(e->status) + ")";
   switch (e->type) {
     case RDMA_CM_EVENT_REJECTED:
@@ -566,8 +567,14 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
     // the QP now, not then.
     if (c->qp->query_state() == QpState::rts) c->settle_qp(Phase::accept);
-    (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout);
+    // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
+    // was lost (connection management messages are datagrams; a busy rxe drops some), so its
+    // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
+    // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
+    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout,
+                                 RDMA_CM_EVENT_DISCONNECTED);
     c->on_established(Phase::accept);
+    if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
     return Connection(std::move(c));
   }
 }

@@ -227,7 +227,9 @@ class Listener {
 
   /// Waits up to `timeout` for a connection request and accepts it. Throws ConnectError
   /// (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit
-  /// (checked before waiting; nothing is sent).
+  /// (checked before waiting; nothing is sent). A client that connected and disconnected
+  /// before this side saw the connection established gives a Connection already closed by
+  /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).
   [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {});
   /// As above, reporting failure through `ec` (and returning empty).
   [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
