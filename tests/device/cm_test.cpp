@@ -365,6 +365,15 @@ TEST_F(Cm, ASendBeforeTheServersReceiveWaitsForTheShortRnrTimer) {
   }
 }
 
+/// A write through a QP that did not grant remote_write: it must complete in error, and the
+/// target (cleared before each round) must stay zero.
+void expect_write_refused(const std::optional<Completion>& wc, const MemoryRegion& target, int round) {
+  ASSERT_TRUE(wc.has_value()) << "round " << round;
+  EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
+  EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
+      << "round " << round;
+}
+
 // rdma_cm grants remote read and write on the QPs it connects; the connection takes back what
 // its options did not ask for. On the server that must be done before the client can write,
 // which it may as soon as connect() returns, while the server's accept() is still waiting for
@@ -386,10 +395,7 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
     ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote()).ok());
     const auto wc = client.wait_one(client.send_cq(), 10s);
     cm::Connection conn = server.get();
-    ASSERT_TRUE(wc.has_value()) << "round " << round;
-    EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
-    EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
-        << "round " << round;
+    expect_write_refused(wc, target, round);
   }
 }
 
@@ -415,10 +421,7 @@ TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
     cm::Connection client =
         cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd, .expose = target.remote()}});
     auto [conn, wc] = server.get();
-    ASSERT_TRUE(wc.has_value()) << "round " << round;
-    EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
-    EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
-        << "round " << round;
+    expect_write_refused(wc, target, round);
   }
 }
 
