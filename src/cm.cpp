@@ -400,11 +400,7 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
     if (c.pump(ec), ec) return {};
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
-    if (const int rc = ibv_req_notify_cq(cq.native_handle(), 0); rc != 0) {
-      ec.assign(detail::rc_to_errno(rc), std::generic_category());
-      return {};
-    }
-    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
     pollfd fds[2] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}};
     if (::poll(fds, 2, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());

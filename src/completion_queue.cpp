@@ -41,6 +41,31 @@ void CompletionQueue::req_notify(bool solicited_only) {
   detail::check_rc(ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0), "ibv_req_notify_cq");
 }
 
+std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, std::error_code& ec,
+                                                    bool solicited_only) noexcept {
+  ec.clear();
+  if (!has_channel()) {
+    ec = make_error_code(Errc::bad_argument);
+    return {};
+  }
+  if (const int rc = ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0); rc != 0) {
+    ec.assign(detail::rc_to_errno(rc), std::generic_category());
+    return {};
+  }
+  // A completion that landed between the caller's last poll and the arming raised no event.
+  return poll(out, ec);
+}
+
+std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, bool solicited_only) {
+  std::error_code ec;
+  auto got = arm_and_poll(out, ec, solicited_only);
+  if (ec == make_error_code(Errc::bad_argument))
+    detail::throw_error(ec, "CompletionQueue::arm_and_poll: the CQ has no completion channel (CqOptions::with_channel)",
+                        SourceLocation::current());
+  if (ec) detail::throw_error(ec, "ibv_req_notify_cq", SourceLocation::current());
+  return got;
+}
+
 int CompletionQueue::fd() const noexcept { return has_channel() ? cq_->channel->fd : -1; }
 
 int CompletionQueue::consume_events(std::error_code& ec) noexcept {
@@ -77,12 +102,7 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
     const auto now = clock::now();
     if (now >= deadline) return {};
     if (!has_channel()) continue;  // busy-poll until the deadline
-    if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
-      ec.assign(detail::rc_to_errno(rc), std::generic_category());
-      return {};
-    }
-    // A completion may have landed between the poll and the arming: poll once more.
-    if (auto got = poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = arm_and_poll(out, ec); !got.empty() || ec) return got;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
     pollfd p{cq_->channel->fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, left.count())));

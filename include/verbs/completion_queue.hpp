@@ -149,9 +149,21 @@ class CompletionQueue {
   }
 
   /// Arms the channel for the next completion (ibv_req_notify_cq(3)). Requires a channel.
+  /// Arming only reports completions that arrive after it: one that landed between the last
+  /// empty poll and the arming raises no event. Prefer arm_and_poll(), which polls again.
   void req_notify(bool solicited_only = false);
+  ///@{
+  /// The one safe way to go to sleep on fd(): arms the CQ (ibv_req_notify_cq(3)), then polls
+  /// once more, so a completion that landed between the caller's last empty poll and the arming
+  /// is returned instead of being waited for. Empty: the CQ is armed and fd() becomes readable
+  /// at the next completion. CompletionQueue::wait and cm::Connection::wait use it. Requires a
+  /// channel (else `ec` is Errc::bad_argument). The event loop is:
+  ///   fd() readable -> consume_events() -> poll() until empty -> arm_and_poll() until empty -> sleep.
+  std::span<Completion> arm_and_poll(std::span<Completion> out, std::error_code& ec, bool solicited_only = false) noexcept;
+  std::span<Completion> arm_and_poll(std::span<Completion> out, bool solicited_only = false);
+  ///@}
   /// Consumes and acknowledges pending channel events without blocking; returns how many. Call
-  /// when fd() is readable, then poll, then req_notify again.
+  /// when fd() is readable, then poll until empty, then arm_and_poll() (see there).
   ///@{
   int consume_events();
   int consume_events(std::error_code& ec) noexcept;

@@ -2,7 +2,10 @@
 // the provider it was created by, reports its errors, and is destroyed by its own deleter.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <memory>
 #include <span>
@@ -86,3 +89,58 @@ TEST(CompletionQueueAdopt, NoCqIsABadArgument) {
 }
 
 }  // namespace
+
+// Arming reports only completions that arrive after it. One that lands between the last empty
+// poll and the arm raises no event: arm_and_poll (and wait(), built on it) must return it.
+struct StubWithChannel {
+  verbs_stub::Provider stub;
+  ibv_comp_channel channel{};
+  int fds[2] = {-1, -1};
+  StubWithChannel() {
+    EXPECT_EQ(::pipe(fds), 0);
+    channel.context = &stub.vctx.context;
+    channel.fd = fds[0];  // never written: no event will ever come
+    stub.cq.channel = &channel;
+  }
+  ~StubWithChannel() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  StubWithChannel(const StubWithChannel&) = delete;
+  StubWithChannel& operator=(const StubWithChannel&) = delete;
+};
+
+TEST(CompletionQueueArm, ArmAndPollReturnsACompletionThatLandedWhileArming) {
+  StubWithChannel s;
+  s.stub.completion.wr_id = 7;
+  s.stub.ready_on_arm = 1;
+  CompletionQueue cq = s.stub.completion_queue();
+  std::array<Completion, 2> out{};
+  EXPECT_TRUE(cq.poll(out).empty());
+  const auto got = cq.arm_and_poll(out);
+  EXPECT_EQ(s.stub.armed, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id(), 7u);
+}
+
+TEST(CompletionQueueArm, WaitDoesNotSleepOnACompletionThatLandedWhileArming) {
+  StubWithChannel s;
+  s.stub.ready_on_arm = 1;
+  CompletionQueue cq = s.stub.completion_queue();
+  std::array<Completion, 2> out{};
+  const auto start = std::chrono::steady_clock::now();
+  const auto got = cq.wait(out, std::chrono::seconds(30));
+  EXPECT_EQ(got.size(), 1u) << "the completion that raised no event was waited for";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(CompletionQueueArm, ArmAndPollWithoutAChannelIsRefused) {
+  verbs_stub::Provider stub;
+  CompletionQueue cq = stub.completion_queue();
+  std::array<Completion, 2> out{};
+  std::error_code ec;
+  EXPECT_TRUE(cq.arm_and_poll(out, ec).empty());
+  EXPECT_EQ(ec, verbs::Errc::bad_argument);
+  EXPECT_EQ(stub.armed, 0);
+  EXPECT_THROW((void)cq.arm_and_poll(out), verbs::Error);
+}

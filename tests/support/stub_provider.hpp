@@ -38,6 +38,8 @@ struct Provider {
   ibv_wc completion{};                  // what each polled entry is
   int ready = 0;                        // entries each poll returns, at most what was asked
   int poll_rc = 0;                      // when negative, what poll returns instead
+  int armed = 0;                        // ibv_req_notify_cq calls
+  int ready_on_arm = 0;                 // a completion "landing while arming": ready becomes this
 
   Provider() {
     vctx.sz = sizeof(verbs_context);
@@ -46,6 +48,7 @@ struct Provider {
     vctx.context.ops.post_send = &post_send;
     vctx.context.ops.post_recv = &post_recv;
     vctx.context.ops.poll_cq = &poll_cq;
+    vctx.context.ops.req_notify_cq = &req_notify_cq;
     qp.context = &vctx.context;
     qp.qp_context = this;
     qp.qp_num = 0x123;
@@ -106,6 +109,12 @@ struct Provider {
       return p.post_rc;
     }
     for (; wr != nullptr; wr = wr->next) ++p.posted_recvs;
+    return 0;
+  }
+  static int req_notify_cq(ibv_cq* c, int) {
+    Provider& p = of(c->context);
+    ++p.armed;
+    if (p.ready_on_arm != 0) p.ready = p.ready_on_arm;
     return 0;
   }
   static int poll_cq(ibv_cq* c, int n, ibv_wc* wc) {
