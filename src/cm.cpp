@@ -502,6 +502,7 @@ struct Listener::Impl {
   std::shared_ptr<rdma_cm_id> id;
   std::string address;
   std::uint16_t port = 0;
+  milliseconds handshake_timeout{};
 };
 
 Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options)
@@ -509,6 +510,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
   impl_->channel = make_channel(Phase::listen);
   impl_->id = make_id(impl_->channel, Phase::listen);
   impl_->address = address;
+  impl_->handshake_timeout = options.handshake_timeout;
   sockaddr_storage a = to_sockaddr(address, port, Phase::listen);
   const std::string where = std::string(address) + ":" + std::to_string(port);
   if (rdma_bind_addr(impl_->id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
@@ -544,6 +546,11 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms");
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;  // nothing else concerns a listener
 
+    // A request is taken: from here the client is answered, and waiting for it to confirm gets
+    // its own budget. Ending on `deadline` would destroy a connection the client already has
+    // (accept(0ms) from an event loop would always do so).
+    const milliseconds budget = impl_->handshake_timeout;
+    const auto handshake_deadline = Clock::now() + budget;
     auto c = std::make_unique<Connection::Impl>();
     c->channel = make_channel(Phase::accept);
     c->id = own_id(req->id, c->channel);
@@ -567,8 +574,8 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
     // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
-    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout,
-                                 RDMA_CM_EVENT_DISCONNECTED);
+    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, handshake_deadline, Phase::accept,
+                                 budget, RDMA_CM_EVENT_DISCONNECTED);
     c->on_established(Phase::accept);
     if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
     return Connection(std::move(c));

@@ -102,6 +102,10 @@ struct ConnectOptions {
 /// How a Listener listens.
 struct ListenOptions {
   int backlog = 64;  ///< connection requests the kernel queues before accept() takes them
+  /// Once accept() has taken a request: how long it may take to answer it and see the client
+  /// confirm (ESTABLISHED), ConnectionOptions::before_handshake included. Separate from
+  /// accept()'s own timeout, which is for a request to arrive.
+  std::chrono::milliseconds handshake_timeout = 10s;
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
@@ -225,8 +229,11 @@ class Listener {
   /// Stops listening; connections accepted from it live on.
   ~Listener();
 
-  /// Waits up to `timeout` for a connection request and accepts it. Throws ConnectError
-  /// (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit
+  /// Waits up to `timeout` for a connection request and accepts it. `timeout` is for the
+  /// request only: once one is taken, the handshake has ListenOptions::handshake_timeout, so
+  /// accept(0ms) when fd() is readable (an event loop) completes the connection it answered.
+  /// Throws ConnectError (phase accept): ETIMEDOUT when no request came (or the client did not
+  /// confirm within handshake_timeout), EMSGSIZE for private data over the limit
   /// (checked before waiting; nothing is sent). A client that connected and disconnected
   /// before this side saw the connection established gives a Connection already closed by
   /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).

@@ -1,6 +1,7 @@
 // verbs::cm on a real device: connect/accept, private data, the remote-slice exchange, timeouts,
 // a peer that disconnects or dies, many clients, and many cycles without leaks.
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -537,6 +538,41 @@ TEST_F(Cm, KilledPeerTurnsTheSurvivorsWaitIntoAnErrorWithinSeconds) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::connection_reset);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+// accept(0ms) is what an event loop calls once Listener::fd() is readable: the timeout is for
+// the request, which is there; the handshake that follows (with a before_handshake that takes a
+// while) has its own budget. The client's connection must survive, and work.
+TEST_F(Cm, AcceptWithZeroTimeoutOnAReadableListenerCompletesTheHandshake) {
+  cm::Listener listener(test_addr(), 0);
+  auto client = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
+  pollfd p{listener.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1) << "no connection request within 10 s";
+  std::optional<MemoryRegion> inbox;
+  const cm::ConnectionOptions o{.before_handshake = [&](const cm::Handshake& h) {
+    inbox.emplace(MemoryRegion::allocate(h.pd, 64, Access::local_write));
+    if (!h.qp.post_recv(inbox->slice(0, 64), 3).ok()) throw std::runtime_error("post_recv failed");
+    std::this_thread::sleep_for(100ms);  // a server that does some work before answering
+  }};
+  std::optional<cm::Connection> conn;
+  try {
+    conn.emplace(listener.accept(0ms, o));
+  } catch (const Error& e) {
+    ADD_FAILURE() << "accept(0ms) with a request waiting: " << e.what();
+  }
+  cm::Connection c = client.get();
+  ASSERT_TRUE(conn.has_value());
+  EXPECT_TRUE(conn->connected());
+  auto msg = MemoryRegion::allocate(c.pd(), 64);
+  fill_pattern(msg.bytes(), 8);
+  ASSERT_TRUE(c.qp().post_send(msg.slice(0, 64), {.wr_id = 4}).ok());
+  const auto sent = c.wait_one(c.send_cq(), 10s);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_TRUE(sent->ok()) << describe(*sent);
+  const auto got = conn->wait_one(conn->recv_cq(), 10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(completed(*got, WcOpcode::recv, 3));
+  EXPECT_TRUE(same_bytes(inbox->bytes(), msg.bytes()));
 }
 
 std::string rdma_resources() {
