@@ -6,6 +6,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -208,6 +209,10 @@ struct Connection::Impl {
   std::vector<std::byte> peer_private;
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
+  // Completions exchange() polled that were not its own, in CQ order, for wait() to return.
+  std::vector<std::pair<const ibv_cq*, Completion>> held;
+  // Regions of failed exchange()s whose requests may still be posted: kept until the QP goes.
+  std::vector<MemoryRegion> retired;
   bool established = false;
   bool settled = false;       // settle_qp done
   bool disconnected = false;  // rdma_disconnect called
@@ -216,7 +221,21 @@ struct Connection::Impl {
 
   ~Impl() {
     if (established && !disconnected) rdma_disconnect(id.get());
-    qp.reset();  // before the CQs, PD and id it uses
+    qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
+  }
+
+  /// Moves completions held for `cq` into `out`; what was moved.
+  std::span<Completion> take_held(const CompletionQueue& cq, std::span<Completion> out) noexcept {
+    std::size_t n = 0;
+    for (auto it = held.begin(); it != held.end() && n < out.size();) {
+      if (it->first == cq.native_handle()) {
+        out[n++] = it->second;
+        it = held.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out.first(n);
   }
 
   /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device.
@@ -330,21 +349,63 @@ RemoteSlice Connection::remote() const {
   return *impl_->peer_remote;
 }
 RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) {
-  constexpr std::uint64_t kExchange = 0x7665726273786368;  // "verbsxch"
   constexpr std::size_t n = RemoteSlice::wire_size;
+  Impl& c = *impl_;
   const auto deadline = Clock::now() + timeout;
   auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write);
   const RemoteSlice::Wire w = mine.encode();
   std::memcpy(mr.data(), w.data(), n);
-  qp().post_recv(mr.slice(n, n), kExchange).check();
-  qp().post_send(mr.slice(0, n), {.wr_id = kExchange}).check();
-  for (CompletionQueue* cq : {impl_->recv_cq, impl_->send_cq}) {
-    const auto wc = wait_one(*cq, std::chrono::duration_cast<milliseconds>(
-                                      std::max(Clock::duration::zero(), deadline - Clock::now())));
-    if (!wc) fail(ETIMEDOUT, Phase::established, "exchange: the peer did not answer within " +
-                                                     std::to_string(timeout.count()) + " ms");
-    wc->throw_if_failed();
+  qp().post_recv(mr.slice(n, n), exchange_wr_id).check();
+  bool received = false, sent = false;
+  // Until both requests have completed, the region must stay registered, whatever is thrown.
+  struct Retire {
+    Impl& c;
+    MemoryRegion& mr;
+    const bool& done;
+    ~Retire() {
+      if (!done) c.retired.push_back(std::move(mr));
+    }
+  };
+  bool done = false;
+  const Retire retire{c, mr, done};
+  qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check();
+  const std::uint32_t qpn = qp().qp_num();
+  std::array<Completion, 16> got;
+  for (CompletionQueue* cq : {c.recv_cq, c.send_cq}) {
+    bool& mine_done = cq == c.recv_cq ? received : sent;
+    while (!mine_done) {
+      const auto left = std::chrono::ceil<milliseconds>(std::max(Clock::duration::zero(), deadline - Clock::now()));
+      std::error_code ec;
+      const auto wcs = wait_cq(*cq, got, left, ec);
+      if (ec)
+        fail(ec.value(), Phase::established,
+             ec.value() == ECONNRESET ? "exchange: the peer disconnected" : "exchange: waiting for completions");
+      if (wcs.empty())
+        fail(ETIMEDOUT, Phase::established,
+             "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms");
+      std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
+      for (const Completion& wc : wcs) {
+        const bool ours = wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn;
+        if (ours && cq == c.recv_cq && !received) {
+          received = true;
+          wc.throw_if_failed();
+        } else if (ours && cq == c.send_cq && !sent) {
+          sent = true;
+          wc.throw_if_failed();
+        } else {
+          c.held.emplace_back(cq->native_handle(), wc);
+          if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
+        }
+      }
+      if (taken && !received)
+        fail(EPROTO, Phase::established,
+             "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
+                 std::to_string(*taken) +
+                 "; its completion is kept for wait()): call exchange() before posting receives (not in "
+                 "before_handshake), or hand the buffer over with ConnectionOptions::expose");
+    }
   }
+  done = true;
   return RemoteSlice::decode(mr.bytes().subspan(n, n));
 }
 
@@ -372,6 +433,15 @@ void Connection::disconnect() {
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
+  ec.clear();
+  if (!impl_->held.empty()) [[unlikely]] {
+    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
+  }
+  return wait_cq(cq, out, timeout, ec);
+}
+
+std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                          std::error_code& ec) noexcept {
   Impl& c = *impl_;
   const auto deadline = Clock::now() + timeout;
   // Completions in the CQ always come first. When the connection is over, the CQ is polled

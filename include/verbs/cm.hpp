@@ -86,6 +86,8 @@ struct ConnectionOptions {
   /// as it is connected, before connect() or accept() has returned on this side, and a send
   /// that finds no receive meets RNR (retried after the receiver's RNR timer, rnr_retry_count
   /// times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
+  /// Receives posted here come before any of Connection::exchange(), which then fails: with
+  /// them, hand buffers over with `expose` instead.
   /// An exception from it ends the connect or accept (the server rejects the request) and
   /// propagates.
   std::function<void(const Handshake&)> before_handshake{};
@@ -143,18 +145,30 @@ class Connection {
   /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
   [[nodiscard]] RemoteSlice remote() const;
   /// Sends `mine` to the peer and returns the peer's, by one send and one receive on the
-  /// connection's QP (a 48-byte region registered for the purpose). Both sides call it, before
-  /// posting anything else of their own. For a buffer known before connecting, prefer
-  /// ConnectionOptions::expose, which costs no round trip. Throws ConnectError on timeout or
-  /// disconnect, Error(Errc::bad_encoding) on a malformed answer.
+  /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
+  /// exchange_wr_id). Both sides call it before posting receives of their own, and before
+  /// sending anything the peer would receive: the peer's message goes into the first receive
+  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. Completions
+  /// of other requests that it polls meanwhile (a shared CQ, a write posted before) are not
+  /// lost: the next wait() on that CQ returns them first. For a buffer known before
+  /// connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
+  /// before took the peer's message (its completion stays for wait()); Error with the
+  /// completion's status when a request failed, Error(Errc::bad_encoding) on a malformed
+  /// answer. After a failure the two sides are out of step: close the connection. A request of
+  /// exchange() may then still be posted; its region stays registered until the connection
+  /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.
   [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s);
+  /// The wr_id of exchange()'s send and receive ("verbsxch").
+  static constexpr std::uint64_t exchange_wr_id = 0x7665726273786368;
   /// The peer's address and port, e.g. "192.0.2.1:7471".
   [[nodiscard]] std::string peer_address() const;
   /// This side's address and port.
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout. Completions already in the CQ always come first; once the CQ
+  /// was polled, empty on timeout. Completions exchange() polled that were not its own come
+  /// first, then those in the CQ; once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
   /// established), or ENOTCONN after a local disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
@@ -189,6 +203,9 @@ class Connection {
   friend class Listener;
   friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
+  /// wait() without the completions exchange() held back.
+  std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                                std::error_code& ec) noexcept;
   std::unique_ptr<Impl> impl_;
 };
 

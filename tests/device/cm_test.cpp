@@ -575,6 +575,94 @@ TEST_F(Cm, AcceptWithZeroTimeoutOnAReadableListenerCompletesTheHandshake) {
   EXPECT_TRUE(same_bytes(inbox->bytes(), msg.bytes()));
 }
 
+// exchange() polls the CQs the caller's own requests complete on: a completion that is not its
+// own (here the client's write, posted before exchange) stays for the caller's next wait().
+TEST_F(Cm, ExchangeLeavesOtherCompletionsForTheCaller) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(*device);
+  auto target = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_write);
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.qp = {.access = Access::remote_write}, .pd = &pd, .expose = target.remote()});
+  });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  auto b = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  ASSERT_TRUE(client.qp().post_write(a.slice(0, 64), client.remote(), {.wr_id = 5}).ok());
+  auto for_server = std::async(std::launch::async, [&] { return conn.exchange(b.remote()); });
+  EXPECT_EQ(client.exchange(a.remote()), b.remote());
+  EXPECT_EQ(for_server.get(), a.remote());
+  const auto wc = client.wait_one(client.send_cq(), 2s);
+  ASSERT_TRUE(wc.has_value()) << "exchange() swallowed the write's completion";
+  EXPECT_TRUE(completed(*wc, WcOpcode::rdma_write, 5));
+  const auto none = client.wait_one(client.send_cq(), 200ms);
+  EXPECT_FALSE(none.has_value()) << "exchange() left its own completion behind: " << describe(*none);
+}
+
+// A receive posted in before_handshake (as cm.hpp advises) is ahead of exchange()'s own, so the
+// peer's exchange message lands in it: exchange() must say so, not decode the wrong buffer,
+// and the caller's completion must still be there for the caller.
+TEST_F(Cm, ExchangeAfterReceivesPostedBeforeTheHandshakeSaysWhyAndKeepsTheirCompletion) {
+  cm::Listener listener(test_addr(), 0);
+  std::optional<MemoryRegion> inbox;
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.before_handshake = [&](const cm::Handshake& h) {
+                             inbox.emplace(MemoryRegion::allocate(h.pd, 64, Access::local_write));
+                             if (!h.qp.post_recv(inbox->slice(0, 64), 77).ok()) throw std::runtime_error("post_recv");
+                           }});
+  });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write | Access::remote_write);
+  auto b = MemoryRegion::allocate(conn.pd(), 64, Access::local_write | Access::remote_write);
+  auto for_client = std::async(std::launch::async, [&] { return client.exchange(a.remote(), 5s); });
+  std::optional<std::string> why;
+  try {
+    (void)conn.exchange(b.remote(), 5s);
+    ADD_FAILURE() << "exchange() succeeded although the peer's message went into receive 77";
+  } catch (const ConnectError& e) {
+    why = e.what();
+    EXPECT_EQ(e.code(), std::errc::protocol_error) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not a ConnectError saying why: " << e.what();
+  }
+  if (why) {
+    EXPECT_TRUE(contains(*why, "wr_id 77")) << *why;
+  }
+  try {
+    (void)for_client.get();
+  } catch (const Error&) {
+  }
+  const auto wc = conn.wait_one(conn.recv_cq(), 2s);
+  ASSERT_TRUE(wc.has_value()) << "the completion of receive 77 was swallowed";
+  EXPECT_TRUE(completed(*wc, WcOpcode::recv, 77));
+}
+
+// An exchange() that fails leaves its receive posted: the region it points at must stay
+// registered (until the connection goes), or the peer's late message meets a dead lkey.
+TEST_F(Cm, ExchangeThatTimesOutKeepsItsReceiveBufferValid) {
+  cm::Listener listener(test_addr(), 0);
+  std::optional<MemoryRegion> inbox;
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.before_handshake = [&](const cm::Handshake& h) {
+                             inbox.emplace(MemoryRegion::allocate(h.pd, 64, Access::local_write));
+                             if (!h.qp.post_recv(inbox->slice(0, 64), 1).ok()) throw std::runtime_error("post_recv");
+                           }});
+  });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  const auto e = connect_error([&] { (void)client.exchange(a.remote(), 300ms); });  // the server never answers
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::timed_out);
+  // The server's message now arrives, in the receive exchange() left posted.
+  const auto late = MemoryRegion::allocate(conn.pd(), RemoteSlice::wire_size);
+  ASSERT_TRUE(conn.qp().post_send(late.slice(0, RemoteSlice::wire_size), {.wr_id = 2}).ok());
+  const auto sent = conn.wait_one(conn.send_cq(), 10s);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_TRUE(sent->ok()) << "the late message met a deregistered region: " << describe(*sent);
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
