@@ -291,14 +291,15 @@ struct Connection::Impl {
   }
 
   /// Once the QP is in RTS: take back the remote rights rdma_cm granted on it that the options
-  /// did not ask for, and shorten its RNR timer.
+  /// did not ask for, and set its RNR timer to the core's default.
   void settle_qp(Phase phase) {
-    // rdma_cm leaves min_rnr_timer at 0, which means 655 ms: a send that arrives just before
-    // the peer posts its receive would stall that long. 12 is 0.64 ms, as in the core.
+    // rdma_cm leaves min_rnr_timer at 0, which the specification makes 655 ms. The
+    // connection follows the core's default instead (verbs::ConnectOptions::min_rnr_timer),
+    // whose budget with rnr_retry_count retries is documented there.
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTS;
     a.qp_access_flags = static_cast<unsigned>(access.value());
-    a.min_rnr_timer = 12;
+    a.min_rnr_timer = verbs::ConnectOptions{}.min_rnr_timer;
     if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
         rc != 0)
       fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
