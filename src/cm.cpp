@@ -200,11 +200,10 @@ struct Connection::Impl {
   std::shared_ptr<rdma_event_channel> channel;
   std::shared_ptr<rdma_cm_id> id;
   std::optional<Device> device;
-  std::optional<ProtectionDomain> own_pd;
-  const ProtectionDomain* pd = nullptr;
-  std::optional<CompletionQueue> own_send_cq, own_recv_cq;
-  CompletionQueue* send_cq = nullptr;
-  CompletionQueue* recv_cq = nullptr;
+  // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
+  // recv_cq): the caller's objects may be moved or destroyed while the connection lives.
+  std::optional<ProtectionDomain> pd;
+  std::optional<CompletionQueue> send_cq, recv_cq;
   std::optional<QueuePair> qp;
   std::vector<std::byte> peer_private;
   std::optional<RemoteSlice> peer_remote;
@@ -243,23 +242,31 @@ struct Connection::Impl {
     ibv_context* ctx = id->verbs;
     if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address");
     device.emplace(device_of(id));
-    const auto check_same = [&](ibv_context* other, const char* what) {
-      if (other != ctx)
+    const auto check_same = [&](const auto* given, const char* what) {
+      if (given->native_handle() == nullptr)
+        fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)");
+      if (given->native_handle()->context != ctx)
         fail(EINVAL, phase,
              std::string(what) + " is on another device context than the connection (" + device->name() +
                  "): make it from cm::device_for() or Listener::device()");
     };
     if (o.pd != nullptr) {
-      check_same(o.pd->native_handle()->context, "ConnectionOptions::pd");
-      pd = o.pd;
+      check_same(o.pd, "ConnectionOptions::pd");
+      pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle()));
     } else {
-      pd = &own_pd.emplace(*device);
+      pd.emplace(*device);
     }
     const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
-    if (o.send_cq != nullptr) check_same(o.send_cq->native_handle()->context, "ConnectionOptions::send_cq");
-    if (o.recv_cq != nullptr) check_same(o.recv_cq->native_handle()->context, "ConnectionOptions::recv_cq");
-    send_cq = o.send_cq != nullptr ? o.send_cq : &own_send_cq.emplace(*device, cqo);
-    recv_cq = o.recv_cq != nullptr ? o.recv_cq : &own_recv_cq.emplace(*device, cqo);
+    if (o.send_cq != nullptr) check_same(o.send_cq, "ConnectionOptions::send_cq");
+    if (o.recv_cq != nullptr) check_same(o.recv_cq, "ConnectionOptions::recv_cq");
+    if (o.send_cq != nullptr)
+      send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
+    else
+      send_cq.emplace(*device, cqo);
+    if (o.recv_cq != nullptr)
+      recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
+    else
+      recv_cq.emplace(*device, cqo);
     if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)");
 
     QpOptions q = o.qp;
@@ -372,39 +379,34 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
   qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check();
   const std::uint32_t qpn = qp().qp_num();
   std::array<Completion, 16> got;
-  for (CompletionQueue* cq : {c.recv_cq, c.send_cq}) {
-    bool& mine_done = cq == c.recv_cq ? received : sent;
-    while (!mine_done) {
-      const auto left = std::chrono::ceil<milliseconds>(std::max(Clock::duration::zero(), deadline - Clock::now()));
-      std::error_code ec;
-      const auto wcs = wait_cq(*cq, got, left, ec);
-      if (ec)
-        fail(ec.value(), Phase::established,
-             ec.value() == ECONNRESET ? "exchange: the peer disconnected" : "exchange: waiting for completions");
-      if (wcs.empty())
-        fail(ETIMEDOUT, Phase::established,
-             "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms");
-      std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
-      for (const Completion& wc : wcs) {
-        const bool ours = wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn;
-        if (ours && cq == c.recv_cq && !received) {
-          received = true;
-          wc.throw_if_failed();
-        } else if (ours && cq == c.send_cq && !sent) {
-          sent = true;
-          wc.throw_if_failed();
-        } else {
-          c.held.emplace_back(cq->native_handle(), wc);
-          if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
-        }
+  while (!received || !sent) {
+    // The receive first: the send's completion is there by the time the peer's message is.
+    CompletionQueue& cq = !received ? *c.recv_cq : *c.send_cq;
+    const auto left = std::chrono::ceil<milliseconds>(std::max(Clock::duration::zero(), deadline - Clock::now()));
+    std::error_code ec;
+    const auto wcs = wait_cq(cq, got, left, ec);
+    if (ec)
+      fail(ec.value(), Phase::established,
+           ec.value() == ECONNRESET ? "exchange: the peer disconnected" : "exchange: waiting for completions");
+    if (wcs.empty())
+      fail(ETIMEDOUT, Phase::established,
+           "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms");
+    std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
+    for (const Completion& wc : wcs) {
+      if (wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn) {
+        wc.throw_if_failed();  // the opcode of a failed completion is undefined
+        (wc.opcode() == WcOpcode::recv ? received : sent) = true;
+      } else {
+        c.held.emplace_back(cq.native_handle(), wc);
+        if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
       }
-      if (taken && !received)
-        fail(EPROTO, Phase::established,
-             "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
-                 std::to_string(*taken) +
-                 "; its completion is kept for wait()): call exchange() before posting receives (not in "
-                 "before_handshake), or hand the buffer over with ConnectionOptions::expose");
     }
+    if (taken && !received)
+      fail(EPROTO, Phase::established,
+           "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
+               std::to_string(*taken) +
+               "; its completion is kept for wait()): call exchange() before posting receives (not in "
+               "before_handshake), or hand the buffer over with ConnectionOptions::expose");
   }
   done = true;
   return RemoteSlice::decode(mr.bytes().subspan(n, n));

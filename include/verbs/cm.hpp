@@ -71,9 +71,12 @@ struct Handshake {
 struct ConnectionOptions {
   QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
   int cq_depth = 256;                        ///< depth of the CQs the connection creates
-  const ProtectionDomain* pd = nullptr;      ///< share a PD (made from Listener::device() or device_for())
-  CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device)
-  CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device)
+  /// Share a PD (made from Listener::device(), device_for() or device_to()). Read only during
+  /// connect() or accept(): the connection then shares the PD's ownership, so the caller's
+  /// object may be moved or destroyed while the connection lives.
+  const ProtectionDomain* pd = nullptr;
+  CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device; ownership shared as for pd)
+  CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device; ownership shared as for pd)
   std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
   std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
   std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
@@ -129,11 +132,13 @@ class Connection {
 
   /// The device rdma_cm chose for the address (librdmacm's context).
   [[nodiscard]] Device& device() noexcept;
-  /// The protection domain: the connection's own, or the one ConnectionOptions::pd shared.
+  /// The protection domain: the connection's own, or one that shares the ibv_pd of
+  /// ConnectionOptions::pd (the same native_handle(), another object).
   [[nodiscard]] const ProtectionDomain& pd() const noexcept;
-  /// The send completion queue (with a completion channel when the connection made it).
+  /// The send completion queue (with a completion channel when the connection made it); with
+  /// ConnectionOptions::send_cq, an object sharing that CQ, as pd() does.
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
-  /// The receive completion queue (with a completion channel when the connection made it).
+  /// The receive completion queue, as send_cq().
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
   /// The connected RC queue pair, in RTS.
   [[nodiscard]] QueuePair& qp() noexcept;

@@ -267,7 +267,7 @@ TEST_F(Cm, ClientRegistersOnTheRoutesDeviceAndExposesItInTheHandshake) {
       cm::connect(test_addr(), listener.port(), {.connection = {.qp = {.access = Access::remote_read}, .pd = &pd,
                                                                 .expose = mine.remote()}});
   cm::Connection conn = server.get();
-  EXPECT_EQ(&client.pd(), &pd);
+  EXPECT_EQ(client.pd().native_handle(), pd.native_handle());
   auto got = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
   ASSERT_TRUE(conn.qp().post_read(got.slice(0, 64), conn.remote()).ok());
   const auto wc = conn.wait_one(conn.send_cq(), 10s);
@@ -604,6 +604,23 @@ TEST_F(Cm, ExchangeLeavesOtherCompletionsForTheCaller) {
   EXPECT_FALSE(none.has_value()) << "exchange() left its own completion behind: " << describe(*none);
 }
 
+// With one CQ for sends and receives (ConnectionOptions::send_cq and recv_cq the same), exchange()
+// tells its two completions apart by their opcode.
+TEST_F(Cm, ExchangeWithOneCqForSendsAndReceives) {
+  cm::Listener listener(test_addr(), 0);
+  CompletionQueue cq(*device, {.depth = 16, .with_channel = true});
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.send_cq = &cq, .recv_cq = &cq}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write | Access::remote_write);
+  auto b = MemoryRegion::allocate(conn.pd(), 64, Access::local_write | Access::remote_write);
+  auto for_client = std::async(std::launch::async, [&] { return client.exchange(a.remote(), 5s); });
+  EXPECT_EQ(conn.exchange(b.remote(), 5s), a.remote());
+  EXPECT_EQ(for_client.get(), b.remote());
+  const auto left = conn.wait_one(cq, 200ms);
+  EXPECT_FALSE(left.has_value()) << "exchange() left a completion behind: " << describe(*left);
+}
+
 // A receive posted in before_handshake (as cm.hpp advises) is ahead of exchange()'s own, so the
 // peer's exchange message lands in it: exchange() must say so, not decode the wrong buffer,
 // and the caller's completion must still be there for the caller.
@@ -666,6 +683,39 @@ TEST_F(Cm, ExchangeThatTimesOutKeepsItsReceiveBufferValid) {
   const auto sent = conn.wait_one(conn.send_cq(), 10s);
   ASSERT_TRUE(sent.has_value());
   EXPECT_TRUE(sent->ok()) << "the late message met a deregistered region: " << describe(*sent);
+}
+
+// The PD and CQs a connection shares are held by it, as every object holds what it was made
+// from: the caller may move or destroy its own objects.
+TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
+  cm::Listener listener(test_addr(), 0);
+  std::optional<ProtectionDomain> pd(std::in_place, *device);
+  std::optional<CompletionQueue> scq(std::in_place, *device, CqOptions{.depth = 16, .with_channel = true});
+  std::optional<CompletionQueue> rcq(std::in_place, *device, CqOptions{.depth = 16, .with_channel = true});
+  auto server = std::async(std::launch::async,
+                           [&] { return listener.accept(10s, {.pd = &*pd, .send_cq = &*scq, .recv_cq = &*rcq}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  const ibv_pd* shared_pd = pd->native_handle();
+  const ibv_cq* shared_rcq = rcq->native_handle();
+  { ProtectionDomain moved = std::move(*pd); }  // moved away, then destroyed
+  pd.reset();
+  { CompletionQueue moved = std::move(*scq); }
+  scq.reset();
+  { CompletionQueue moved = std::move(*rcq); }
+  rcq.reset();
+  ASSERT_EQ(conn.pd().native_handle(), shared_pd) << "the connection kept a pointer to the caller's PD";
+  ASSERT_NE(conn.send_cq().native_handle(), nullptr) << "the connection kept a pointer to the caller's send CQ";
+  ASSERT_EQ(conn.recv_cq().native_handle(), shared_rcq) << "the connection kept a pointer to the caller's receive CQ";
+  auto inbox = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn.qp().post_recv(inbox.slice(0, 64), 6).ok());
+  auto msg = MemoryRegion::allocate(client.pd(), 64);
+  fill_pattern(msg.bytes(), 2);
+  ASSERT_TRUE(client.qp().post_send(msg.slice(0, 64)).ok());
+  const auto got = conn.wait_one(conn.recv_cq(), 10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(completed(*got, WcOpcode::recv, 6));
+  EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
 }
 
 std::string rdma_resources() {
