@@ -85,6 +85,9 @@ struct Event {
   int status = 0;
   rdma_cm_id* id = nullptr;
   std::vector<std::byte> private_data;
+  // Of a connection request, from this side's point of view (the kernel swaps the request's
+  // fields): the reads/atomics the peer will have in flight to us, and those it can take from us.
+  std::uint8_t responder_resources = 0, initiator_depth = 0;
 };
 
 /// The next event on `ch`, acknowledged; empty when `deadline` passes first (ec clear) or on
@@ -100,6 +103,10 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
       if (carries_data && ev->param.conn.private_data != nullptr) {
         const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
         e.private_data.assign(p, p + ev->param.conn.private_data_len);
+      }
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        e.responder_resources = ev->param.conn.responder_resources;
+        e.initiator_depth = ev->param.conn.initiator_depth;
       }
       rdma_ack_cm_event(ev);
       return e;
@@ -160,13 +167,24 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
   return out;
 }
 
-rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev) {
+/// The connection parameters of a connect, or (with the request) of an accept: the depths of
+/// the options, capped by the device and, answering a request, by what the request offers
+/// (rdma_accept(3)): never more reads in flight than the peer can take, nor more resources
+/// than it will use. Without that, a peer whose device has a smaller max_qp_rd_atom fails RTR.
+rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev,
+                           const Event* request = nullptr) {
   rdma_conn_param p{};
   p.private_data = data.empty() ? nullptr : data.data();
   p.private_data_len = static_cast<std::uint8_t>(data.size());
   const ibv_device_attr& a = dev.attributes().orig_attr;
-  p.responder_resources = static_cast<std::uint8_t>(std::min<int>(o.responder_resources, a.max_qp_rd_atom));
-  p.initiator_depth = static_cast<std::uint8_t>(std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom));
+  int responder = std::min<int>(o.responder_resources, a.max_qp_rd_atom);
+  int initiator = std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom);
+  if (request != nullptr) {
+    responder = std::min<int>(responder, request->responder_resources);
+    initiator = std::min<int>(initiator, request->initiator_depth);
+  }
+  p.responder_resources = static_cast<std::uint8_t>(responder);
+  p.initiator_depth = static_cast<std::uint8_t>(initiator);
   p.retry_count = std::min<std::uint8_t>(o.retry_count, 7);
   p.rnr_retry_count = std::min<std::uint8_t>(o.rnr_retry_count, 7);
   return p;
@@ -637,7 +655,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
     }
-    rdma_conn_param p = conn_param(o, data, *c->device);
+    rdma_conn_param p = conn_param(o, data, *c->device, &*req);
     if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept");
     // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
     // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle

@@ -79,8 +79,12 @@ struct ConnectionOptions {
   CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device; ownership shared as for pd)
   std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
   std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
-  std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
-  std::uint8_t initiator_depth = 16;         ///< reads/atomics we may have in flight (device-capped)
+  /// Reads/atomics the peer may have in flight to us: capped by the device and, on accept, by
+  /// the request's initiator depth (rdma_accept(3): the server answers within what the client offers).
+  std::uint8_t responder_resources = 16;
+  /// Reads/atomics we may have in flight: capped by the device and, on accept, by the request's
+  /// responder resources; the client's QP takes the server's answer.
+  std::uint8_t initiator_depth = 16;
   std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
   std::uint8_t rnr_retry_count = 6;          ///< the peer's RNR retries (sent in the handshake); 7: forever
   std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try

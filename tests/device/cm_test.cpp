@@ -718,6 +718,29 @@ TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
   EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
 }
 
+// Reads and atomics in flight are negotiated (rdma_accept(3)): the server answers with at most
+// what the request offers, so neither side initiates more than the other can take. Powers of two,
+// as rxe rounds these up.
+TEST_F(Cm, AcceptNegotiatesReadAndAtomicDepthsWithTheRequest) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });  // 16 and 16
+  cm::Connection client =
+      cm::connect(test_addr(), listener.port(), {.connection = {.responder_resources = 2, .initiator_depth = 4}});
+  cm::Connection conn = server.get();
+  const auto depths = [](const QueuePair& qp) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    EXPECT_EQ(ibv_query_qp(qp.native_handle(), &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init), 0);
+    return std::pair<int, int>{a.max_rd_atomic, a.max_dest_rd_atomic};
+  };
+  const auto [server_init, server_resp] = depths(conn.qp());
+  const auto [client_init, client_resp] = depths(client.qp());
+  EXPECT_EQ(server_init, 2) << "the server may have more reads in flight than the client offered to take";
+  EXPECT_EQ(server_resp, 4) << "the server's responder resources, for the 4 the client asked to initiate";
+  EXPECT_EQ(client_init, 4);
+  EXPECT_EQ(client_resp, 2);
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
