@@ -20,6 +20,17 @@ using std::chrono::milliseconds;
   throw ConnectError(std::error_code(err, std::generic_category()), phase, text, where);
 }
 
+/// now + timeout, saturating: milliseconds::max() (any timeout past the clock's range) means
+/// "as long as it takes", where the plain sum would overflow into the past and return at once.
+Clock::time_point deadline_after(milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now)) return Clock::time_point::max();
+  return now + timeout;
+}
+
+/// A timeout for librdmacm's int milliseconds: at least 1, at most 2^30 (12 days).
+int clamp_ms(milliseconds timeout) { return static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30)); }
+
 int ms_until(Clock::time_point deadline) {
   const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
@@ -377,7 +388,7 @@ RemoteSlice Connection::remote() const {
 RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) {
   constexpr std::size_t n = RemoteSlice::wire_size;
   Impl& c = *impl_;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write);
   const RemoteSlice::Wire w = mine.encode();
   std::memcpy(mr.data(), w.data(), n);
@@ -464,7 +475,7 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
 std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                           std::error_code& ec) noexcept {
   Impl& c = *impl_;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   // Completions in the CQ always come first. When the connection is over, the CQ is polled
   // once more (a completion can land between a poll and the event that ends the connection:
   // the peer saw our ACK, then left); only then does our side disconnect, flushing what is
@@ -515,8 +526,8 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
 
 // ---------------------------------------------------------------------------------------------
 Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o) {
-  const auto deadline = Clock::now() + o.timeout;
-  const auto step_deadline = [&] { return std::min(deadline, Clock::now() + o.resolve_timeout); };
+  const auto deadline = deadline_after(o.timeout);
+  const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
   const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect);
 
   auto c = std::make_unique<Connection::Impl>();
@@ -527,7 +538,7 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
   sockaddr_storage src{};
   if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address);
   const std::string target = std::string(host) + ":" + std::to_string(port);
-  const int resolve_ms = std::max(1, std::min(ms_until(deadline), static_cast<int>(o.resolve_timeout.count())));
+  const int resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
   if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
                         reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
     const int err = errno;
@@ -579,10 +590,10 @@ Device device_to(std::string_view host, milliseconds timeout) {
   auto ch = make_channel(Phase::resolve_address);
   auto id = make_id(ch, Phase::resolve_address);
   sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address);
-  const int ms = static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30));
+  const int ms = clamp_ms(timeout);
   if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst), ms) != 0)  // NOLINT
     fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr");
-  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, Clock::now() + timeout, Phase::resolve_address, timeout);
+  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline_after(timeout), Phase::resolve_address, timeout);
   if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host));
   return device_of(id);
 }
@@ -628,7 +639,7 @@ Device Listener::device() const {
 }
 
 Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept);
   for (;;) {
     std::error_code ec;
@@ -641,7 +652,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     // its own budget. Ending on `deadline` would destroy a connection the client already has
     // (accept(0ms) from an event loop would always do so).
     const milliseconds budget = impl_->handshake_timeout;
-    const auto handshake_deadline = Clock::now() + budget;
+    const auto handshake_deadline = deadline_after(budget);
     auto c = std::make_unique<Connection::Impl>();
     c->channel = make_channel(Phase::accept);
     c->id = own_id(req->id, c->channel);

@@ -741,6 +741,35 @@ TEST_F(Cm, AcceptNegotiatesReadAndAtomicDepthsWithTheRequest) {
   EXPECT_EQ(client_resp, 2);
 }
 
+// milliseconds::max() means "wait as long as it takes" and must not overflow into "at once".
+TEST_F(Cm, TimeoutsOfMillisecondsMaxWaitAsLongAsItTakes) {
+  constexpr auto forever = std::chrono::milliseconds::max();
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(forever); });
+  std::this_thread::sleep_for(300ms);
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = forever, .resolve_timeout = forever});
+  std::optional<cm::Connection> conn;
+  try {
+    conn.emplace(server.get());
+  } catch (const Error& e) {
+    FAIL() << "accept(milliseconds::max()): " << e.what();
+  }
+  auto inbox = MemoryRegion::allocate(conn->pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn->qp().post_recv(inbox.slice(0, 64), 8).ok());
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(300ms);
+    auto msg = MemoryRegion::allocate(client.pd(), 64);
+    EXPECT_TRUE(client.qp().post_send(msg.slice(0, 64)).ok());
+    return client.wait_one(client.send_cq(), 10s);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = conn->wait_one(conn->recv_cq(), forever);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms) << "wait(milliseconds::max()) returned at once";
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(completed(*got, WcOpcode::recv, 8));
+  EXPECT_TRUE(later.get().has_value());
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
