@@ -149,8 +149,12 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
   const std::string what = std::string(rdma_event_str(e->type)) + " (status " + std::to_string(e->status) + ")";
   switch (e->type) {
     case RDMA_CM_EVENT_REJECTED:
-      fail(ECONNREFUSED, phase,
-           e->status == 8 ? "rejected: no listener on that port (" + what + ")" : "rejected by the peer (" + what + ")");
+      // The status is the IB CM reject reason (8: invalid service ID, nothing listens there).
+      throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), phase,
+                         e->status == 8 ? "rejected: no listener on that port (" + what + ")"
+                                        : "rejected by the peer (" + what +
+                                              "; its private data, if any, is in ConnectError::private_data())",
+                         e->status, e->private_data);
     case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")");
     case RDMA_CM_EVENT_ADDR_ERROR:
       fail(e->status == -ENODEV ? ENODEV : (e->status < 0 ? -e->status : EHOSTUNREACH), phase,
@@ -224,6 +228,21 @@ std::string_view to_string(Phase p) noexcept {
 ConnectError::ConnectError(std::error_code code, Phase phase, std::string_view context, SourceLocation where)
     : Error(code, "rdma_cm " + std::string(to_string(phase)) + ": " + std::string(context), where), phase_(phase) {}
 
+ConnectError::ConnectError(std::error_code code, Phase phase, std::string_view context, int status,
+                           std::span<const std::byte> private_data, SourceLocation where)
+    : ConnectError(code, phase, context, where) {
+  status_ = status;
+  if (!private_data.empty())
+    private_data_ = std::make_shared<const std::vector<std::byte>>(private_data.begin(), private_data.end());
+}
+
+Reject::Reject(std::span<const std::byte> private_data, const std::string& why) : std::runtime_error(why) {
+  if (private_data.size() > max_reject_private_data)
+    throw std::length_error("cm::Reject: " + std::to_string(private_data.size()) + " bytes of private data exceed the " +
+                            std::to_string(max_reject_private_data) + "-byte limit of a reject");
+  data_ = std::make_shared<const std::vector<std::byte>>(private_data.begin(), private_data.end());
+}
+
 // ---------------------------------------------------------------------------------------------
 struct Connection::Impl {
   std::shared_ptr<rdma_event_channel> channel;
@@ -245,6 +264,8 @@ struct Connection::Impl {
   bool settled = false;       // settle_qp done
   bool disconnected = false;  // rdma_disconnect called
   bool peer_gone = false;
+  bool device_removed = false;   // DEVICE_REMOVAL: over, but not the peer's doing
+  bool address_changed = false;  // ADDR_CHANGE seen
   unsigned spins = 0;
 
   ~Impl() {
@@ -355,14 +376,20 @@ struct Connection::Impl {
     for (;;) {
       std::optional<Event> e = next_event(channel.get(), Clock::time_point{}, ec);
       if (!e) return;
-      if (e->type == RDMA_CM_EVENT_DISCONNECTED || e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) peer_gone = true;
+      if (e->type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
+      if (e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
+      if (e->type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
     }
   }
 
-  /// After the peer left: disconnect our side too, which moves the QP to ERR and flushes what
-  /// is still posted (rxe leaves the QP in RTS otherwise, and a receive would wait forever).
+  /// The connection is over: the peer left, the device went, or this side disconnected.
+  [[nodiscard]] bool over() const noexcept { return peer_gone || device_removed || disconnected; }
+
+  /// After the peer left (or the device went): disconnect our side too, which moves the QP to
+  /// ERR and flushes what is still posted (rxe leaves the QP in RTS otherwise, and a receive
+  /// would wait forever).
   void settle() noexcept {
-    if (peer_gone && !disconnected) {
+    if ((peer_gone || device_removed) && !disconnected) {
       rdma_disconnect(id.get());
       disconnected = true;
     }
@@ -416,7 +443,9 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
     const auto wcs = wait_cq(cq, got, left, ec);
     if (ec)
       fail(ec.value(), Phase::established,
-           ec.value() == ECONNRESET ? "exchange: the peer disconnected" : "exchange: waiting for completions");
+           ec.value() == ECONNRESET ? "exchange: the peer disconnected"
+           : ec.value() == ENODEV   ? "exchange: the RDMA device was removed"
+                                    : "exchange: waiting for completions");
     if (wcs.empty())
       fail(ETIMEDOUT, Phase::established,
            "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms");
@@ -444,8 +473,9 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
 std::string Connection::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
 bool Connection::connected() const noexcept {
-  return impl_->established && !impl_->disconnected && !impl_->peer_gone;
+  return impl_->established && !impl_->over();
 }
+bool Connection::address_changed() const noexcept { return impl_->address_changed; }
 int Connection::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
 
@@ -454,7 +484,7 @@ bool Connection::poll_events() {
   impl_->pump(ec);
   if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event");
   impl_->settle();
-  return !impl_->peer_gone;
+  return !impl_->peer_gone && !impl_->device_removed;
 }
 
 void Connection::disconnect() {
@@ -480,11 +510,11 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   // once more (a completion can land between a poll and the event that ends the connection:
   // the peer saw our ACK, then left); only then does our side disconnect, flushing what is
   // still posted, and the wait fails.
-  const auto closed = [&]() { return c.peer_gone || c.disconnected; };
+  const auto closed = [&]() { return c.over(); };
   const auto finish = [&]() -> std::span<Completion> {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
     c.settle();
-    ec.assign(c.peer_gone ? ECONNRESET : ENOTCONN, std::generic_category());
+    ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
     return {};
   };
   for (bool first = true;; first = false) {
@@ -519,6 +549,7 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
   if (ec)
     fail(ec.value(), Phase::established,
          ec.value() == ECONNRESET   ? "the peer disconnected"
+         : ec.value() == ENODEV     ? "the RDMA device was removed (DEVICE_REMOVAL)"
          : ec.value() == ENOTCONN   ? "the connection was closed on this side"
                                     : "waiting for completions");
   return got;
@@ -646,6 +677,8 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     std::optional<Event> req = next_event(impl_->channel.get(), deadline, ec);
     if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event");
     if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms");
+    if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
+      fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again");
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;  // nothing else concerns a listener
 
     // A request is taken: from here the client is answered, and waiting for it to confirm gets
@@ -662,6 +695,10 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
       c->build(o, Phase::accept);
       c->take_private_data(std::move(req->private_data));
       if (o.before_handshake) o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private});
+    } catch (const Reject& r) {
+      const auto d = r.private_data();
+      rdma_reject(c->id.get(), d.empty() ? nullptr : d.data(), static_cast<std::uint8_t>(d.size()));
+      throw;
     } catch (...) {
       rdma_reject(c->id.get(), nullptr, 0);
       throw;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -45,11 +46,26 @@ class ConnectError : public Error {
   /// An error `code` in `phase`; `context` says what failed (what() adds phase and location).
   ConnectError(std::error_code code, Phase phase, std::string_view context,
                SourceLocation where = SourceLocation::current());
+  /// As above, for a failure an rdma_cm event reported: its `status` and the private data it
+  /// carried (a REJECTED event: the rejecting side's reason, see Reject).
+  ConnectError(std::error_code code, Phase phase, std::string_view context, int status,
+               std::span<const std::byte> private_data, SourceLocation where = SourceLocation::current());
   /// The phase that failed.
   [[nodiscard]] Phase phase() const noexcept { return phase_; }
+  /// The status of the rdma_cm event that ended the phase, 0 without one. For REJECTED on
+  /// InfiniBand and RoCE, the IB CM reject reason: 28 (consumer defined) when the peer
+  /// rejected (e.g. with Reject), 8 (invalid service ID) when nothing listens on the port.
+  [[nodiscard]] int status() const noexcept { return status_; }
+  /// The private data of that event, empty without one; for REJECTED, the rejecting side's
+  /// (zero-padded by the transport to its field: encode your own length).
+  [[nodiscard]] std::span<const std::byte> private_data() const noexcept {
+    return private_data_ ? std::span<const std::byte>(*private_data_) : std::span<const std::byte>{};
+  }
 
  private:
   Phase phase_;
+  int status_ = 0;
+  std::shared_ptr<const std::vector<std::byte>> private_data_;  // shared: exceptions copy
 };
 
 /// Private-data limit of a connect (RC over the IB CM: InfiniBand and RoCE), after rdma_cm's
@@ -57,6 +73,23 @@ class ConnectError : public Error {
 inline constexpr std::size_t max_connect_private_data = 56;
 /// Private-data limit of an accept, as above.
 inline constexpr std::size_t max_accept_private_data = 196;
+/// Private-data limit of a reject, as above.
+inline constexpr std::size_t max_reject_private_data = 148;
+
+/// Thrown from ConnectionOptions::before_handshake to refuse a connection request with a reason:
+/// accept() rejects the request with this private data (rdma_reject(3)), which the client's
+/// ConnectError::private_data() then gives (ECONNREFUSED, status() 28), and rethrows the Reject.
+class Reject : public std::runtime_error {
+ public:
+  /// A rejection carrying `private_data` (copied); `why` is what() on the server. Throws
+  /// std::length_error for more than max_reject_private_data bytes.
+  explicit Reject(std::span<const std::byte> private_data, const std::string& why = "connection request rejected");
+  /// The private data the client receives.
+  [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return *data_; }
+
+ private:
+  std::shared_ptr<const std::vector<std::byte>> data_;
+};
 
 /// What ConnectionOptions::before_handshake is given.
 struct Handshake {
@@ -96,7 +129,7 @@ struct ConnectionOptions {
   /// Receives posted here come before any of Connection::exchange(), which then fails: with
   /// them, hand buffers over with `expose` instead.
   /// An exception from it ends the connect or accept (the server rejects the request) and
-  /// propagates.
+  /// propagates; throw Reject to give the client a reason.
   std::function<void(const Handshake&)> before_handshake{};
 };
 
@@ -179,7 +212,8 @@ class Connection {
   /// was polled, empty on timeout. Completions exchange() polled that were not its own come
   /// first, then those in the CQ; once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
-  /// established), or ENOTCONN after a local disconnect(). Never blocks past `timeout`.
+  /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
+  /// disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   /// As above; throws ConnectError instead of setting an error_code.
@@ -191,10 +225,16 @@ class Connection {
     return c;
   }
 
-  /// Handles pending rdma_cm events without blocking; false once the peer has disconnected.
+  /// Handles pending rdma_cm events without blocking; false once the connection is over (the
+  /// peer disconnected, or the RDMA device was removed).
   bool poll_events();
-  /// True from establishment until either side disconnects (as far as events have told).
+  /// True from establishment until either side disconnects or the device goes (as far as
+  /// events have told).
   [[nodiscard]] bool connected() const noexcept;
+  /// True once rdma_cm reported ADDR_CHANGE: the netdev of the connection's address changed its
+  /// hardware address (e.g. a bonding failover). The connection may still work; rdma_cm
+  /// suggests reconnecting so that RDMA follows the network stack.
+  [[nodiscard]] bool address_changed() const noexcept;
   /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
   /// flush; the peer sees DISCONNECTED. Idempotent.
   void disconnect();
@@ -255,7 +295,8 @@ class Listener {
   /// Stops listening; connections accepted from it live on.
   ~Listener();
 
-  /// Waits up to `timeout` for a connection request and accepts it. `timeout` is for the
+  /// Waits up to `timeout` for a connection request and accepts it (other events on the
+  /// listener are skipped, but DEVICE_REMOVAL fails with ENODEV). `timeout` is for the
   /// request only: once one is taken, the handshake has ListenOptions::handshake_timeout, so
   /// accept(0ms) when fd() is readable (an event loop) completes the connection it answered.
   /// Throws ConnectError (phase accept): ETIMEDOUT when no request came (or the client did not

@@ -446,6 +446,39 @@ TEST_F(Cm, ExceptionFromBeforeHandshakeRejectsTheRequest) {
   EXPECT_THROW((void)server.get(), std::runtime_error);
 }
 
+// A server refuses a request with a reason (cm::Reject from before_handshake); the client's
+// ConnectError carries the reason's bytes and the reject status, and says it was the peer.
+TEST_F(Cm, RejectFromBeforeHandshakeGivesTheClientItsReason) {
+  cm::Listener listener(test_addr(), 0);
+  const auto reason = bytes_of("busy: try port 7472");
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.before_handshake = [&](const cm::Handshake&) { throw cm::Reject(reason, "full"); }});
+  });
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+  EXPECT_EQ(e->status(), 28) << "IB CM reject reason: consumer defined";
+  ASSERT_GE(e->private_data().size(), reason.size()) << e->what();
+  EXPECT_TRUE(same_bytes(e->private_data().first(reason.size()), reason));
+  EXPECT_TRUE(contains(e->what(), "rejected by the peer")) << e->what();
+  try {
+    (void)server.get();
+    ADD_FAILURE() << "accept() returned a connection it rejected";
+  } catch (const cm::Reject& r) {
+    EXPECT_STREQ(r.what(), "full");
+  }
+  // Nothing listens: status 8, no private data.
+  std::uint16_t port = 0;
+  {
+    cm::Listener probe(test_addr(), 0);
+    port = probe.port();
+  }
+  const auto none = connect_error([&] { (void)cm::connect(test_addr(), port, {.timeout = 10s}); });
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status(), 8) << none->what();
+  EXPECT_THROW(cm::Reject(std::vector<std::byte>(cm::max_reject_private_data + 1)), std::length_error);
+}
+
 TEST_F(Cm, ExchangeGivesEachSideThePeersSlice) {
   cm::Listener listener(test_addr(), 0);
   const cm::ConnectionOptions o{.qp = {.access = Access::remote_write}};
