@@ -166,6 +166,16 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
   }
 }
 
+/// Checks of the options that need no device, made before anything is sent or waited for.
+void check_options(const ConnectionOptions& o, Phase phase) {
+  constexpr AccessFlags remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
+  if (o.expose && (o.qp.access & remote).value() == 0)
+    fail(EINVAL, phase,
+         "ConnectionOptions::expose hands the peer a buffer, but the QP grants it no remote right "
+         "(QpOptions::access is empty): set .qp.access to what the peer may do with it, e.g. Access::remote_read; "
+         "nothing was sent");
+}
+
 std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase) {
   const std::size_t extra = o.expose ? RemoteSlice::wire_size : 0;
   if (o.private_data.size() + extra > limit)
@@ -318,6 +328,13 @@ struct Connection::Impl {
     else
       recv_cq.emplace(*device, cqo);
     if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)");
+    if (o.qp.srq != nullptr) {
+      check_same(o.qp.srq, "QpOptions::srq");
+      if (o.qp.srq->native_handle()->pd != pd->native_handle())
+        fail(EINVAL, phase,
+             "QpOptions::srq is on another protection domain than the connection's (receives would fail at the "
+             "first message): make the SRQ on the PD given as ConnectionOptions::pd");
+    }
 
     QpOptions q = o.qp;
     q.port = id->port_num;
@@ -560,6 +577,7 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
   const auto deadline = deadline_after(o.timeout);
   const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
   const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect);
+  check_options(o.connection, Phase::connect);
 
   auto c = std::make_unique<Connection::Impl>();
   c->channel = make_channel(Phase::resolve_address);
@@ -672,6 +690,7 @@ Device Listener::device() const {
 Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
   const auto deadline = deadline_after(timeout);
   const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept);
+  check_options(o, Phase::accept);
   for (;;) {
     std::error_code ec;
     std::optional<Event> req = next_event(impl_->channel.get(), deadline, ec);

@@ -102,7 +102,9 @@ struct Handshake {
 
 /// What each side sets up for a connection.
 struct ConnectionOptions {
-  QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
+  /// RC; .access restricts what the peer may do (none by default); an .srq must be on the
+  /// connection's PD (ConnectionOptions::pd), else EINVAL.
+  QpOptions qp = {};
   int cq_depth = 256;                        ///< depth of the CQs the connection creates
   /// Share a PD (made from Listener::device(), device_for() or device_to()). Read only during
   /// connect() or accept(): the connection then shares the PD's ownership, so the caller's
@@ -111,7 +113,9 @@ struct ConnectionOptions {
   CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device; ownership shared as for pd)
   CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device; ownership shared as for pd)
   std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
-  std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
+  /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
+  /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.
+  std::optional<RemoteSlice> expose = std::nullopt;
   /// Reads/atomics the peer may have in flight to us: capped by the device and, on accept, by
   /// the request's initiator depth (rdma_accept(3): the server answers within what the client offers).
   std::uint8_t responder_resources = 16;

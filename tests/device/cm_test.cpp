@@ -96,8 +96,10 @@ TEST_F(Cm, QpGrantsOnlyTheRemoteRightsAsked) {
   cm::Listener listener(test_addr(), 0);
   ProtectionDomain pd(*device);
   auto server_mr = MemoryRegion::allocate(pd, 4096, Access::local_write | Access::remote_write | Access::remote_read);
-  // The MR allows remote write, but the server's QP was not asked for it.
-  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.pd = &pd, .expose = server_mr.remote()}); });
+  // The MR allows remote write, but the server's QP was asked for remote read only.
+  auto server = std::async(std::launch::async, [&] {
+    return listener.accept(10s, {.qp = {.access = Access::remote_read}, .pd = &pd, .expose = server_mr.remote()});
+  });
   cm::Connection client = cm::connect(test_addr(), listener.port());
   cm::Connection conn = server.get();
   auto src = MemoryRegion::allocate(client.pd(), 64);
@@ -130,7 +132,8 @@ TEST_F(Cm, PrivateDataWithAnExposedSliceLeavesTheRestForTheCaller) {
   const std::vector<std::byte> most(cm::max_connect_private_data - RemoteSlice::wire_size, std::byte{0x5a});
   auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {}); });
   cm::Connection client =
-      cm::connect(test_addr(), listener.port(), {.connection = {.pd = &pd, .private_data = most, .expose = mr.remote()}});
+      cm::connect(test_addr(), listener.port(),
+                  {.connection = {.qp = {.access = Access::remote_read}, .pd = &pd, .private_data = most, .expose = mr.remote()}});
   cm::Connection conn = server.get();
   ASSERT_TRUE(conn.peer_remote().has_value());
   EXPECT_EQ(*conn.peer_remote(), mr.remote());
@@ -394,9 +397,10 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   fill_pattern(src.bytes(), 4);
   for (int round = 0; round < 10; ++round) {
     std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
-    // The MR allows remote write; the server's QP was not asked for it.
-    auto server = std::async(std::launch::async,
-                             [&] { return listener.accept(10s, {.pd = &server_pd, .expose = target.remote()}); });
+    // The MR allows remote write; the server's QP was asked for remote read only.
+    auto server = std::async(std::launch::async, [&] {
+      return listener.accept(10s, {.qp = {.access = Access::remote_read}, .pd = &server_pd, .expose = target.remote()});
+    });
     cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd}});
     ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote()).ok());
     const auto wc = client.wait_one(client.send_cq(), 10s);
@@ -423,9 +427,10 @@ TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
       const auto wc = c.wait_one(c.send_cq(), 10s);
       return std::pair{std::move(c), wc};
     });
-    // The MR allows remote write; the client's QP was not asked for it.
-    cm::Connection client =
-        cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd, .expose = target.remote()}});
+    // The MR allows remote write; the client's QP was asked for remote read only.
+    cm::Connection client = cm::connect(
+        test_addr(), listener.port(),
+        {.connection = {.qp = {.access = Access::remote_read}, .pd = &client_pd, .expose = target.remote()}});
     auto [conn, wc] = server.get();
     expect_write_refused(wc, target, round);
   }
@@ -801,6 +806,41 @@ TEST_F(Cm, TimeoutsOfMillisecondsMaxWaitAsLongAsItTakes) {
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(completed(*got, WcOpcode::recv, 8));
   EXPECT_TRUE(later.get().has_value());
+}
+
+// An SRQ of another PD, or an exposed buffer the QP grants no right to: refused at accept or
+// connect, saying what to change, instead of failing at the first message.
+TEST_F(Cm, SrqOfAnotherPdIsRefusedAtAcceptAndConnect) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain other(*device);
+  SharedReceiveQueue srq(other);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.qp = {.srq = &srq}}); });
+  const auto refused = connect_error([&] { (void)cm::connect(test_addr(), listener.port()); });
+  const auto e = connect_error([&] { (void)server.get(); });
+  ASSERT_TRUE(e) << "accept() took an SRQ on another PD than the connection's";
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+  EXPECT_TRUE(contains(e->what(), "srq")) << e->what();
+  EXPECT_TRUE(refused) << "the client was not rejected";
+  const auto c = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.connection = {.qp = {.srq = &srq}}}); });
+  ASSERT_TRUE(c) << "connect() took an SRQ on another PD than the connection's";
+  EXPECT_EQ(c->code(), std::errc::invalid_argument) << c->what();
+}
+
+TEST_F(Cm, ExposeWithoutARemoteRightOnTheQpIsRefused) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(*device);
+  auto mr = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_write);
+  const auto c = connect_error([&] {
+    (void)cm::connect(test_addr(), listener.port(), {.timeout = 3s, .connection = {.pd = &pd, .expose = mr.remote()}});
+  });
+  ASSERT_TRUE(c) << "connect() exposed a buffer through a QP that grants the peer nothing";
+  EXPECT_EQ(c->code(), std::errc::invalid_argument) << c->what();
+  EXPECT_TRUE(contains(c->what(), "access")) << c->what();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto a = connect_error([&] { (void)listener.accept(10s, {.pd = &pd, .expose = mr.remote()}); });
+  ASSERT_TRUE(a) << "accept() exposed a buffer through a QP that grants the peer nothing";
+  EXPECT_EQ(a->code(), std::errc::invalid_argument) << a->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "checked before waiting";
 }
 
 std::string rdma_resources() {
