@@ -16,7 +16,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-[[noreturn]] void fail(int err, Phase phase, const std::string& text, SourceLocation where = SourceLocation::current()) {
+[[noreturn]] void fail(int err, Phase phase, const std::string& text, SourceLocation where) {
   throw ConnectError(std::error_code(err, std::generic_category()), phase, text, where);
 }
 
@@ -36,12 +36,12 @@ int ms_until(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
 }
 
-std::shared_ptr<rdma_event_channel> make_channel(Phase phase) {
+std::shared_ptr<rdma_event_channel> make_channel(Phase phase, SourceLocation where) {
   rdma_event_channel* ch = rdma_create_event_channel();
-  if (ch == nullptr) fail(errno, phase, "rdma_create_event_channel");
+  if (ch == nullptr) fail(errno, phase, "rdma_create_event_channel", where);
   std::shared_ptr<rdma_event_channel> owned(ch, [](rdma_event_channel* c) { rdma_destroy_event_channel(c); });
   const int fl = ::fcntl(ch->fd, F_GETFL);
-  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) fail(errno, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel");
+  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) fail(errno, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel", where);
   return owned;
 }
 
@@ -50,13 +50,13 @@ std::shared_ptr<rdma_cm_id> own_id(rdma_cm_id* id, std::shared_ptr<rdma_event_ch
   return {id, [ch = std::move(ch)](rdma_cm_id* i) { rdma_destroy_id(i); }};
 }
 
-std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase) {
+std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase, SourceLocation where) {
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch.get(), &id, nullptr, RDMA_PS_TCP) != 0) fail(errno, phase, "rdma_create_id");
+  if (rdma_create_id(ch.get(), &id, nullptr, RDMA_PS_TCP) != 0) fail(errno, phase, "rdma_create_id", where);
   return own_id(id, ch);
 }
 
-sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase phase) {
+sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase phase, SourceLocation where) {
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICSERV | (host.empty() ? AI_PASSIVE : 0);
   hints.ai_family = AF_UNSPEC;
@@ -65,7 +65,7 @@ sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase ph
   const std::string h(host);
   const std::string p = std::to_string(port);
   if (const int rc = ::getaddrinfo(h.empty() ? nullptr : h.c_str(), p.c_str(), &hints, &res); rc != 0)
-    fail(rc == EAI_SYSTEM ? errno : EINVAL, phase, "cannot resolve '" + h + "': " + ::gai_strerror(rc));
+    fail(rc == EAI_SYSTEM ? errno : EINVAL, phase, "cannot resolve '" + h + "': " + ::gai_strerror(rc), where);
   sockaddr_storage out{};
   std::memcpy(&out, res->ai_addr, std::min<std::size_t>(res->ai_addrlen, sizeof out));
   ::freeaddrinfo(res);
@@ -139,12 +139,13 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
 /// Waits for `wanted` (or `also`, when given) on `ch`; any other event ends the phase with an
 /// error saying which.
 Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::time_point deadline, Phase phase,
-                   std::chrono::milliseconds budget, std::optional<rdma_cm_event_type> also = std::nullopt) {
+                   std::chrono::milliseconds budget, SourceLocation where,
+                   std::optional<rdma_cm_event_type> also = std::nullopt) {
   std::error_code ec;
   std::optional<Event> e = next_event(ch, deadline, ec);
-  if (ec) fail(ec.value(), phase, "rdma_get_cm_event");
+  if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
   if (!e)
-    fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)");
+    fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)", where);
   if (e->type == wanted || (also && e->type == *also)) return std::move(*e);
   const std::string what = std::string(rdma_event_str(e->type)) + " (status " + std::to_string(e->status) + ")";
   switch (e->type) {
@@ -154,35 +155,35 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
                          e->status == 8 ? "rejected: no listener on that port (" + what + ")"
                                         : "rejected by the peer (" + what +
                                               "; its private data, if any, is in ConnectError::private_data())",
-                         e->status, e->private_data);
-    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")");
+                         e->status, e->private_data, where);
+    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")", where);
     case RDMA_CM_EVENT_ADDR_ERROR:
       fail(e->status == -ENODEV ? ENODEV : (e->status < 0 ? -e->status : EHOSTUNREACH), phase,
-           "address resolution failed (" + what + ")");
+           "address resolution failed (" + what + ")", where);
     case RDMA_CM_EVENT_ROUTE_ERROR:
-      fail(e->status < 0 ? -e->status : ENETUNREACH, phase, "route resolution failed (" + what + ")");
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")");
-    default: fail(ECONNABORTED, phase, "unexpected " + what);
+      fail(e->status < 0 ? -e->status : ENETUNREACH, phase, "route resolution failed (" + what + ")", where);
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")", where);
+    default: fail(ECONNABORTED, phase, "unexpected " + what, where);
   }
 }
 
 /// Checks of the options that need no device, made before anything is sent or waited for.
-void check_options(const ConnectionOptions& o, Phase phase) {
+void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where) {
   constexpr AccessFlags remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
   if (o.expose && (o.qp.access & remote).value() == 0)
     fail(EINVAL, phase,
          "ConnectionOptions::expose hands the peer a buffer, but the QP grants it no remote right "
          "(QpOptions::access is empty): set .qp.access to what the peer may do with it, e.g. Access::remote_read; "
-         "nothing was sent");
+         "nothing was sent", where);
 }
 
-std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase) {
+std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase, SourceLocation where) {
   const std::size_t extra = o.expose ? RemoteSlice::wire_size : 0;
   if (o.private_data.size() + extra > limit)
     fail(EMSGSIZE, phase,
          "private data of " + std::to_string(o.private_data.size()) + " bytes" +
              (extra != 0 ? " plus the 24-byte exposed slice" : "") + " exceeds the limit of " + std::to_string(limit) +
-             " bytes; nothing was sent");
+             " bytes; nothing was sent", where);
   std::vector<std::byte> out;
   if (o.expose) {
     const RemoteSlice::Wire w = o.expose->encode();
@@ -298,23 +299,23 @@ struct Connection::Impl {
   }
 
   /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device.
-  void build(const ConnectionOptions& o, Phase phase) {
+  void build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
     ibv_context* ctx = id->verbs;
-    if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address");
+    if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
     device.emplace(device_of(id));
     const auto check_same = [&](const auto* given, const char* what) {
       if (given->native_handle() == nullptr)
-        fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)");
+        fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
       if (given->native_handle()->context != ctx)
         fail(EINVAL, phase,
              std::string(what) + " is on another device context than the connection (" + device->name() +
-                 "): make it from cm::device_for() or Listener::device()");
+                 "): make it from cm::device_for() or Listener::device()", where);
     };
     if (o.pd != nullptr) {
       check_same(o.pd, "ConnectionOptions::pd");
-      pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle()));
+      pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle(), where));
     } else {
-      pd.emplace(*device);
+      pd.emplace(*device, where);
     }
     const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
     if (o.send_cq != nullptr) check_same(o.send_cq, "ConnectionOptions::send_cq");
@@ -322,24 +323,24 @@ struct Connection::Impl {
     if (o.send_cq != nullptr)
       send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
     else
-      send_cq.emplace(*device, cqo);
+      send_cq.emplace(*device, cqo, where);
     if (o.recv_cq != nullptr)
       recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
     else
-      recv_cq.emplace(*device, cqo);
-    if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)");
+      recv_cq.emplace(*device, cqo, where);
+    if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
     if (o.qp.srq != nullptr) {
       check_same(o.qp.srq, "QpOptions::srq");
       if (o.qp.srq->native_handle()->pd != pd->native_handle())
         fail(EINVAL, phase,
              "QpOptions::srq is on another protection domain than the connection's (receives would fail at the "
-             "first message): make the SRQ on the PD given as ConnectionOptions::pd");
+             "first message): make the SRQ on the PD given as ConnectionOptions::pd", where);
     }
 
     QpOptions q = o.qp;
     q.port = id->port_num;
     ibv_qp_init_attr init = QueuePair::init_attr(*send_cq, *recv_cq, q);
-    if (rdma_create_qp(id.get(), pd->native_handle(), &init) != 0) fail(errno, phase, "rdma_create_qp");
+    if (rdma_create_qp(id.get(), pd->native_handle(), &init) != 0) fail(errno, phase, "rdma_create_qp", where);
     std::shared_ptr<ibv_srq> srq = q.srq != nullptr ? q.srq->shared_handle() : nullptr;
     std::shared_ptr<ibv_qp> raw(id->qp, [id_ = id, p = pd->shared_handle(), s = send_cq->shared_handle(),
                                          r = recv_cq->shared_handle(), srq](ibv_qp*) { rdma_destroy_qp(id_.get()); });
@@ -349,7 +350,7 @@ struct Connection::Impl {
 
     std::uint8_t t = o.ack_timeout;
     if (rdma_set_option(id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) != 0)
-      fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)");
+      fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)", where);
   }
 
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
@@ -366,7 +367,7 @@ struct Connection::Impl {
 
   /// Once the QP is in RTS: take back the remote rights rdma_cm granted on it that the options
   /// did not ask for, and set its RNR timer to the core's default.
-  void settle_qp(Phase phase) {
+  void settle_qp(Phase phase, SourceLocation where) {
     // rdma_cm leaves min_rnr_timer at 0, which the specification makes 655 ms. The
     // connection follows the core's default instead (verbs::ConnectOptions::min_rnr_timer),
     // whose budget with rnr_retry_count retries is documented there.
@@ -376,15 +377,15 @@ struct Connection::Impl {
     a.min_rnr_timer = verbs::ConnectOptions{}.min_rnr_timer;
     if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
         rc != 0)
-      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
+      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)", where);
     (void)qp->query_state();
     settled = true;
   }
 
   /// After ESTABLISHED (the client's QP reaches RTS only then).
-  void on_established(Phase phase) {
+  void on_established(Phase phase, SourceLocation where) {
     established = true;
-    if (!settled) settle_qp(phase);
+    if (!settled) settle_qp(phase, where);
   }
 
   /// Reads pending events without blocking, and notes a disconnect (or device removal).
@@ -425,18 +426,18 @@ CompletionQueue& Connection::recv_cq() noexcept { return *impl_->recv_cq; }
 QueuePair& Connection::qp() noexcept { return *impl_->qp; }
 std::span<const std::byte> Connection::peer_private_data() const noexcept { return impl_->peer_private; }
 const std::optional<RemoteSlice>& Connection::peer_remote() const noexcept { return impl_->peer_remote; }
-RemoteSlice Connection::remote() const {
-  if (!impl_->peer_remote) fail(EPROTO, Phase::established, "the peer exposed no buffer (ConnectionOptions::expose)");
+RemoteSlice Connection::remote(SourceLocation where) const {
+  if (!impl_->peer_remote) fail(EPROTO, Phase::established, "the peer exposed no buffer (ConnectionOptions::expose)", where);
   return *impl_->peer_remote;
 }
-RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) {
+RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, SourceLocation where) {
   constexpr std::size_t n = RemoteSlice::wire_size;
   Impl& c = *impl_;
   const auto deadline = deadline_after(timeout);
-  auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write);
+  auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write, where);
   const RemoteSlice::Wire w = mine.encode();
   std::memcpy(mr.data(), w.data(), n);
-  qp().post_recv(mr.slice(n, n), exchange_wr_id).check();
+  qp().post_recv(mr.slice(n, n), exchange_wr_id).check(where);
   bool received = false, sent = false;
   // Until both requests have completed, the region must stay registered, whatever is thrown.
   struct Retire {
@@ -449,7 +450,7 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
   };
   bool done = false;
   const Retire retire{c, mr, done};
-  qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check();
+  qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check(where);
   const std::uint32_t qpn = qp().qp_num();
   std::array<Completion, 16> got;
   while (!received || !sent) {
@@ -462,14 +463,14 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
       fail(ec.value(), Phase::established,
            ec.value() == ECONNRESET ? "exchange: the peer disconnected"
            : ec.value() == ENODEV   ? "exchange: the RDMA device was removed"
-                                    : "exchange: waiting for completions");
+                                    : "exchange: waiting for completions", where);
     if (wcs.empty())
       fail(ETIMEDOUT, Phase::established,
-           "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms");
+           "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
     std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
     for (const Completion& wc : wcs) {
       if (wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn) {
-        wc.throw_if_failed();  // the opcode of a failed completion is undefined
+        wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
         (wc.opcode() == WcOpcode::recv ? received : sent) = true;
       } else {
         c.held.emplace_back(cq.native_handle(), wc);
@@ -481,10 +482,10 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) 
            "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
                std::to_string(*taken) +
                "; its completion is kept for wait()): call exchange() before posting receives (not in "
-               "before_handshake), or hand the buffer over with ConnectionOptions::expose");
+               "before_handshake), or hand the buffer over with ConnectionOptions::expose", where);
   }
   done = true;
-  return RemoteSlice::decode(mr.bytes().subspan(n, n));
+  return RemoteSlice::decode(mr.bytes().subspan(n, n), where);
 }
 
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
@@ -496,18 +497,18 @@ bool Connection::address_changed() const noexcept { return impl_->address_change
 int Connection::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
 
-bool Connection::poll_events() {
+bool Connection::poll_events(SourceLocation where) {
   std::error_code ec;
   impl_->pump(ec);
-  if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event");
+  if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event", where);
   impl_->settle();
   return !impl_->peer_gone && !impl_->device_removed;
 }
 
-void Connection::disconnect() {
+void Connection::disconnect(SourceLocation where) {
   if (!impl_->established || impl_->disconnected) return;
   impl_->disconnected = true;
-  if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect");
+  if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect", where);
 }
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
@@ -560,7 +561,8 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   }
 }
 
-std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout) {
+std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       SourceLocation where) {
   std::error_code ec;
   auto got = wait(cq, out, timeout, ec);
   if (ec)
@@ -568,49 +570,49 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
          ec.value() == ECONNRESET   ? "the peer disconnected"
          : ec.value() == ENODEV     ? "the RDMA device was removed (DEVICE_REMOVAL)"
          : ec.value() == ENOTCONN   ? "the connection was closed on this side"
-                                    : "waiting for completions");
+                                    : "waiting for completions", where);
   return got;
 }
 
 // ---------------------------------------------------------------------------------------------
-Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o) {
+Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o, SourceLocation where) {
   const auto deadline = deadline_after(o.timeout);
   const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
-  const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect);
-  check_options(o.connection, Phase::connect);
+  const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect, where);
+  check_options(o.connection, Phase::connect, where);
 
   auto c = std::make_unique<Connection::Impl>();
-  c->channel = make_channel(Phase::resolve_address);
-  c->id = make_id(c->channel, Phase::resolve_address);
+  c->channel = make_channel(Phase::resolve_address, where);
+  c->id = make_id(c->channel, Phase::resolve_address, where);
 
-  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address);
+  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
   sockaddr_storage src{};
-  if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address);
+  if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address, where);
   const std::string target = std::string(host) + ":" + std::to_string(port);
   const int resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
   if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
                         reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
     const int err = errno;
     fail(err, Phase::resolve_address,
-         target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"));
+         target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"), where);
   }
   try {
     (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ADDR_RESOLVED, step_deadline(), Phase::resolve_address,
-                       o.resolve_timeout);
+                       o.resolve_timeout, where);
   } catch (const ConnectError& e) {
-    fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2));
+    fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
   }
-  if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route");
+  if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
   (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, step_deadline(), Phase::resolve_route,
-                     o.resolve_timeout);
+                     o.resolve_timeout, where);
 
-  c->build(o.connection, Phase::connect);
+  c->build(o.connection, Phase::connect, where);
   if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
   rdma_conn_param p = conn_param(o.connection, data, *c->device);
-  if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect");
-  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout);
+  if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
+  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout, where);
   c->take_private_data(std::move(e.private_data));
-  c->on_established(Phase::connect);
+  c->on_established(Phase::connect, where);
   return Connection(std::move(c));
 }
 
@@ -625,25 +627,25 @@ std::optional<Connection> connect(std::string_view host, std::uint16_t port, con
   }
 }
 
-Device device_for(std::string_view local_address) {
-  auto ch = make_channel(Phase::listen);
-  auto id = make_id(ch, Phase::listen);
-  sockaddr_storage a = to_sockaddr(local_address, 0, Phase::listen);
+Device device_for(std::string_view local_address, SourceLocation where) {
+  auto ch = make_channel(Phase::listen, where);
+  auto id = make_id(ch, Phase::listen, where);
+  sockaddr_storage a = to_sockaddr(local_address, 0, Phase::listen, where);
   if (rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")");
-  if (id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address));
+    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")", where);
+  if (id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address), where);
   return device_of(id);
 }
 
-Device device_to(std::string_view host, milliseconds timeout) {
-  auto ch = make_channel(Phase::resolve_address);
-  auto id = make_id(ch, Phase::resolve_address);
-  sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address);
+Device device_to(std::string_view host, milliseconds timeout, SourceLocation where) {
+  auto ch = make_channel(Phase::resolve_address, where);
+  auto id = make_id(ch, Phase::resolve_address, where);
+  sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address, where);
   const int ms = clamp_ms(timeout);
   if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst), ms) != 0)  // NOLINT
-    fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr");
-  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline_after(timeout), Phase::resolve_address, timeout);
-  if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host));
+    fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr", where);
+  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline_after(timeout), Phase::resolve_address, timeout, where);
+  if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host), where);
   return device_of(id);
 }
 
@@ -656,20 +658,20 @@ struct Listener::Impl {
   milliseconds handshake_timeout{};
 };
 
-Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options)
+Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options, SourceLocation where)
     : impl_(std::make_unique<Impl>()) {
-  impl_->channel = make_channel(Phase::listen);
-  impl_->id = make_id(impl_->channel, Phase::listen);
+  impl_->channel = make_channel(Phase::listen, where);
+  impl_->id = make_id(impl_->channel, Phase::listen, where);
   impl_->address = address;
   impl_->handshake_timeout = options.handshake_timeout;
-  sockaddr_storage a = to_sockaddr(address, port, Phase::listen);
-  const std::string where = std::string(address) + ":" + std::to_string(port);
+  sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
+  const std::string bound = std::string(address) + ":" + std::to_string(port);
   if (rdma_bind_addr(impl_->id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + where + ")");
+    fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
   const bool wildcard = address.empty() || address == "0.0.0.0" || address == "::";
   if (!wildcard && impl_->id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address));
-  if (rdma_listen(impl_->id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + where + ")");
+    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
+  if (rdma_listen(impl_->id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + bound + ")", where);
   impl_->port = ntohs(rdma_get_src_port(impl_->id.get()));
 }
 
@@ -681,23 +683,23 @@ std::uint16_t Listener::port() const noexcept { return impl_->port; }
 int Listener::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Listener::native_handle() const noexcept { return impl_->id.get(); }
 
-Device Listener::device() const {
+Device Listener::device(SourceLocation where) const {
   if (impl_->id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "a listener on a wildcard address has no single device: use cm::device_for(address)");
-  return device_for(impl_->address);
+    fail(ENODEV, Phase::listen, "a listener on a wildcard address has no single device: use cm::device_for(address)", where);
+  return device_for(impl_->address, where);
 }
 
-Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
+Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
   const auto deadline = deadline_after(timeout);
-  const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept);
-  check_options(o, Phase::accept);
+  const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
+  check_options(o, Phase::accept, where);
   for (;;) {
     std::error_code ec;
     std::optional<Event> req = next_event(impl_->channel.get(), deadline, ec);
-    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event");
-    if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms");
+    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+    if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
-      fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again");
+      fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;  // nothing else concerns a listener
 
     // A request is taken: from here the client is answered, and waiting for it to confirm gets
@@ -706,12 +708,12 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     const milliseconds budget = impl_->handshake_timeout;
     const auto handshake_deadline = deadline_after(budget);
     auto c = std::make_unique<Connection::Impl>();
-    c->channel = make_channel(Phase::accept);
+    c->channel = make_channel(Phase::accept, where);
     c->id = own_id(req->id, c->channel);
     // Its own channel makes the connection independent of the listener and of the others.
-    if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id");
+    if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id", where);
     try {
-      c->build(o, Phase::accept);
+      c->build(o, Phase::accept, where);
       c->take_private_data(std::move(req->private_data));
       if (o.before_handshake) o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private});
     } catch (const Reject& r) {
@@ -723,18 +725,18 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
       throw;
     }
     rdma_conn_param p = conn_param(o, data, *c->device, &*req);
-    if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept");
+    if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept", where);
     // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
     // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
     // the QP now, not then.
-    if (c->qp->query_state() == QpState::rts) c->settle_qp(Phase::accept);
+    if (c->qp->query_state() == QpState::rts) c->settle_qp(Phase::accept, where);
     // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
     // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
     const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, handshake_deadline, Phase::accept,
-                                 budget, RDMA_CM_EVENT_DISCONNECTED);
-    c->on_established(Phase::accept);
+                                 budget, where, RDMA_CM_EVENT_DISCONNECTED);
+    c->on_established(Phase::accept, where);
     if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
     return Connection(std::move(c));
   }

@@ -36,7 +36,8 @@ enum class Phase : std::uint8_t { resolve_address, resolve_route, connect, liste
 /// The phase's name, e.g. "route resolution".
 std::string_view to_string(Phase p) noexcept;
 
-/// A failure of the connection layer: an Error that also says in which phase it happened. The
+/// A failure of the connection layer: an Error that also says in which phase it happened, and,
+/// as every error of the library, the caller's line (where()). The
 /// code is a generic errno: ETIMEDOUT (a deadline of ours passed), ECONNREFUSED (rejected, e.g.
 /// no listener), EHOSTUNREACH (unreachable), ENODEV (no RDMA device for that address),
 /// ECONNRESET (the peer disconnected), EMSGSIZE (private data over the limit), or the errno of
@@ -189,7 +190,7 @@ class Connection {
   /// The buffer the peer exposed in the handshake, if it did.
   [[nodiscard]] const std::optional<RemoteSlice>& peer_remote() const noexcept;
   /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
-  [[nodiscard]] RemoteSlice remote() const;
+  [[nodiscard]] RemoteSlice remote(SourceLocation where = SourceLocation::current()) const;
   /// Sends `mine` to the peer and returns the peer's, by one send and one receive on the
   /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
   /// exchange_wr_id). Both sides call it before posting receives of their own, and before
@@ -204,7 +205,8 @@ class Connection {
   /// answer. After a failure the two sides are out of step: close the connection. A request of
   /// exchange() may then still be posted; its region stays registered until the connection
   /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.
-  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s);
+  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s,
+                                     SourceLocation where = SourceLocation::current());
   /// The wr_id of exchange()'s send and receive ("verbsxch").
   static constexpr std::uint64_t exchange_wr_id = 0x7665726273786368;
   /// The peer's address and port, e.g. "192.0.2.1:7471".
@@ -220,18 +222,20 @@ class Connection {
   /// disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
-  /// As above; throws ConnectError instead of setting an error_code.
-  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout);
+  /// As above; throws ConnectError instead of setting an error_code (recording `where`).
+  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             SourceLocation where = SourceLocation::current());
   /// One completion from `cq`, empty on timeout; throws ConnectError as wait() does.
-  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout) {
+  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+                                     SourceLocation where = SourceLocation::current()) {
     Completion c;
-    if (wait(cq, std::span(&c, 1), timeout).empty()) return std::nullopt;
+    if (wait(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
     return c;
   }
 
   /// Handles pending rdma_cm events without blocking; false once the connection is over (the
   /// peer disconnected, or the RDMA device was removed).
-  bool poll_events();
+  bool poll_events(SourceLocation where = SourceLocation::current());
   /// True from establishment until either side disconnects or the device goes (as far as
   /// events have told).
   [[nodiscard]] bool connected() const noexcept;
@@ -241,7 +245,7 @@ class Connection {
   [[nodiscard]] bool address_changed() const noexcept;
   /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
   /// flush; the peer sees DISCONNECTED. Idempotent.
-  void disconnect();
+  void disconnect(SourceLocation where = SourceLocation::current());
 
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
   /// readable, call poll_events().
@@ -254,7 +258,7 @@ class Connection {
 
  private:
   friend class Listener;
-  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&);
+  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&, SourceLocation);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
   /// wait() without the completions exchange() held back.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
@@ -265,8 +269,9 @@ class Connection {
 /// Resolves `host`:`port`, connects an RC QP and returns the connection. Throws ConnectError
 /// saying which phase failed and why (no listener: ECONNREFUSED; silent or unreachable
 /// address: ETIMEDOUT or EHOSTUNREACH within `timeout`; no RDMA device: ENODEV; private data
-/// too large: EMSGSIZE, before anything is sent).
-[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {});
+/// too large: EMSGSIZE, before anything is sent). Errors record `where`, the caller's line.
+[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {},
+                                 SourceLocation where = SourceLocation::current());
 /// As above, reporting failure through `ec` (and returning empty).
 [[nodiscard]] std::optional<Connection> connect(std::string_view host, std::uint16_t port,
                                                 const ConnectOptions& options, std::error_code& ec);
@@ -274,13 +279,14 @@ class Connection {
 /// The device that owns a local IP address, as librdmacm sees it: a PD, CQ or SRQ made from it
 /// can be shared by connections on that address (ConnectionOptions::pd and the CQ pointers).
 /// Throws ConnectError (ENODEV) when no RDMA device has the address.
-[[nodiscard]] Device device_for(std::string_view local_address);
+[[nodiscard]] Device device_for(std::string_view local_address, SourceLocation where = SourceLocation::current());
 
 /// The device a connection to `host` would use (rdma_resolve_addr(3) without connecting), so
 /// that a client can register memory, and expose it in the handshake, before it connects:
 /// `ProtectionDomain pd{cm::device_to(host)}` then ConnectionOptions{.pd = &pd, .expose = ...}.
 /// Throws ConnectError (phase resolve_address): ETIMEDOUT, EHOSTUNREACH, ENODEV.
-[[nodiscard]] Device device_to(std::string_view host, std::chrono::milliseconds timeout = 2s);
+[[nodiscard]] Device device_to(std::string_view host, std::chrono::milliseconds timeout = 2s,
+                               SourceLocation where = SourceLocation::current());
 
 /// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
 /// each other (its own event channel); the listener may be destroyed while they live.
@@ -289,7 +295,8 @@ class Listener {
   /// Binds to `address` ("0.0.0.0" or "::" for every device) and `port` (0: any free port,
   /// see port()) and listens. Throws ConnectError (phase listen): EADDRINUSE, ENODEV when no
   /// RDMA device has that address.
-  Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {});
+  Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {},
+           SourceLocation where = SourceLocation::current());
   /// Moves the listener; the source is left empty.
   Listener(Listener&&) noexcept;
   /// Moves the listener; the one this held stops listening.
@@ -308,7 +315,8 @@ class Listener {
   /// (checked before waiting; nothing is sent). A client that connected and disconnected
   /// before this side saw the connection established gives a Connection already closed by
   /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).
-  [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {});
+  [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {},
+                                  SourceLocation where = SourceLocation::current());
   /// As above, reporting failure through `ec` (and returning empty).
   [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
                                                  std::error_code& ec);
@@ -316,7 +324,7 @@ class Listener {
   /// The port listened on (the one the system chose when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
-  [[nodiscard]] Device device() const;
+  [[nodiscard]] Device device(SourceLocation where = SourceLocation::current()) const;
   /// The listener's event channel fd: readable when a connection request is waiting.
   [[nodiscard]] int fd() const noexcept;
   /// The listening rdma_cm id.

@@ -843,6 +843,46 @@ TEST_F(Cm, ExposeWithoutARemoteRightOnTheQpIsRefused) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "checked before waiting";
 }
 
+// Errors of the connection layer name the caller's line, as the core's do.
+TEST_F(Cm, ErrorsRecordTheCallersLine) {
+  cm::Listener listener(test_addr(), 0);
+  int line = 0;
+  const auto check = [&](const std::optional<ConnectError>& e) {
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->where().line(), static_cast<unsigned>(line)) << e->what();
+    EXPECT_TRUE(contains(e->where().file_name(), "cm_test.cpp")) << e->what();
+  };
+  check(connect_error([&] {
+    line = __LINE__ + 1;
+    (void)listener.accept(10ms);
+  }));
+  check(connect_error([&] {
+    line = __LINE__ + 1;
+    (void)cm::device_for("127.0.0.1");
+  }));
+  {
+    cm::Listener probe(test_addr(), 0);
+    const std::uint16_t port = probe.port();
+    probe = cm::Listener(test_addr(), 0);
+    check(connect_error([&] {
+      line = __LINE__ + 1;
+      (void)cm::connect(test_addr(), port);
+    }));
+  }
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  client.disconnect();
+  check(connect_error([&] {
+    line = __LINE__ + 1;
+    (void)client.wait_one(client.recv_cq(), 1s);
+  }));
+  check(connect_error([&] {
+    line = __LINE__ + 1;
+    (void)conn.remote();
+  }));
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
