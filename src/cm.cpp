@@ -505,6 +505,32 @@ bool Connection::poll_events(SourceLocation where) {
   return !impl_->peer_gone && !impl_->device_removed;
 }
 
+bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) noexcept {
+  Impl& c = *impl_;
+  const auto deadline = deadline_after(timeout);
+  for (;;) {
+    if (c.pump(ec), ec) return false;
+    if (c.peer_gone || c.device_removed) {
+      c.settle();
+      return true;
+    }
+    const int left = ms_until(deadline);
+    if (left <= 0) return false;
+    pollfd p{c.channel->fd, POLLIN, 0};
+    if (::poll(&p, 1, left) < 0 && errno != EINTR) {
+      ec.assign(errno, std::generic_category());
+      return false;
+    }
+  }
+}
+
+bool Connection::wait_disconnected(milliseconds timeout, SourceLocation where) {
+  std::error_code ec;
+  const bool over = wait_disconnected(timeout, ec);
+  if (ec) fail(ec.value(), Phase::established, "waiting for the disconnect: rdma_get_cm_event", where);
+  return over;
+}
+
 void Connection::disconnect(SourceLocation where) {
   if (!impl_->established || impl_->disconnected) return;
   impl_->disconnected = true;

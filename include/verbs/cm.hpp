@@ -243,6 +243,14 @@ class Connection {
   /// hardware address (e.g. a bonding failover). The connection may still work; rdma_cm
   /// suggests reconnecting so that RDMA follows the network stack.
   [[nodiscard]] bool address_changed() const noexcept;
+  /// Waits up to `timeout` for the connection to end, without throwing for a normal goodbye:
+  /// true once rdma_cm's DISCONNECTED has arrived (the peer disconnected, or answered this
+  /// side's disconnect()) or the device was removed; false on timeout. The CQs are not read:
+  /// completions stay for wait() or poll() (the QP is moved to ERR, so posted requests flush).
+  /// Sets `ec` only when rdma_cm itself fails. Never blocks past `timeout`.
+  bool wait_disconnected(std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
+  /// As above; throws ConnectError only when rdma_cm itself fails.
+  bool wait_disconnected(std::chrono::milliseconds timeout, SourceLocation where = SourceLocation::current());
   /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
   /// flush; the peer sees DISCONNECTED. Idempotent.
   void disconnect(SourceLocation where = SourceLocation::current());

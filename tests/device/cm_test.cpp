@@ -239,6 +239,33 @@ TEST_F(Cm, GracefulDisconnectFromEitherSideEndsThePeersWait) {
   }
 }
 
+// A normal goodbye, awaited without an exception: the side that is done disconnects, the other
+// waits for it; the closer's own wait ends when the other side has answered.
+TEST_F(Cm, AGoodbyeIsAwaitedWithoutAnException) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto buf = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn.qp().post_recv(buf.slice(0, 64), 1).ok());
+  EXPECT_FALSE(conn.wait_disconnected(200ms)) << "the connection is still up";
+  EXPECT_TRUE(conn.connected());
+  auto closing = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(200ms);
+    client.disconnect();
+    return client.wait_disconnected(5s);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(conn.wait_disconnected(10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_FALSE(conn.connected());
+  EXPECT_TRUE(closing.get()) << "the closer did not see the peer answer its disconnect";
+  // The receive still posted was flushed, and is there for the caller.
+  const auto flushed = collect(conn.recv_cq(), 1, 5s);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].status(), WcStatus::wr_flush_err);
+}
+
 TEST_F(Cm, CompletionsInTheCqComeBeforeTheDisconnectError) {
   cm::Listener listener(test_addr(), 0);
   auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
