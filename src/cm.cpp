@@ -4,9 +4,13 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <mutex>
 #include <cstring>
 #include <string>
 
@@ -268,24 +272,48 @@ struct Connection::Impl {
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
   // Completions exchange() polled that were not its own, in CQ order, for wait() to return.
+  // Guarded by held_mutex; any_held lets wait() skip the lock when there are none.
+  std::mutex held_mutex;
   std::vector<std::pair<const ibv_cq*, Completion>> held;
+  std::atomic<bool> any_held{false};
   // Regions of failed exchange()s whose requests may still be posted: kept until the QP goes.
   std::vector<MemoryRegion> retired;
+  // Set while connecting or accepting, before the Connection is handed out; read-only after.
   bool established = false;
-  bool settled = false;       // settle_qp done
-  bool disconnected = false;  // rdma_disconnect called
-  bool peer_gone = false;
-  bool device_removed = false;   // DEVICE_REMOVAL: over, but not the peer's doing
-  bool address_changed = false;  // ADDR_CHANGE seen
-  unsigned spins = 0;
+  bool settled = false;  // settle_qp done
+  // What the events have told, written by whichever thread reads them (wait() and
+  // poll_events() may run in several threads at once, e.g. one per CQ): atomics.
+  std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
+  std::atomic<bool> peer_gone{false};
+  std::atomic<bool> device_removed{false};   // DEVICE_REMOVAL: over, but not the peer's doing
+  std::atomic<bool> address_changed{false};  // ADDR_CHANGE seen
+  // An eventfd made readable (and left so) once the connection is over: every thread asleep in
+  // wait() polls it, so the thread that read the ending event wakes the others (the cm
+  // channel is readable for one reader only, and a CQ with nothing posted never wakes).
+  int over_fd = -1;
 
   ~Impl() {
     if (established && !disconnected) rdma_disconnect(id.get());
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
+    if (over_fd >= 0) ::close(over_fd);
+  }
+
+  /// Makes over_fd readable, waking every thread that waits on this connection.
+  void wake_all() noexcept {
+    const std::uint64_t one = 1;
+    if (over_fd >= 0) (void)!::write(over_fd, &one, sizeof one);
+  }
+
+  /// Holds a completion exchange() polled that was not its own.
+  void hold(const CompletionQueue& cq, const Completion& wc) {
+    const std::lock_guard lock(held_mutex);
+    held.emplace_back(cq.native_handle(), wc);
+    any_held.store(true, std::memory_order_release);
   }
 
   /// Moves completions held for `cq` into `out`; what was moved.
   std::span<Completion> take_held(const CompletionQueue& cq, std::span<Completion> out) noexcept {
+    const std::lock_guard lock(held_mutex);
     std::size_t n = 0;
     for (auto it = held.begin(); it != held.end() && n < out.size();) {
       if (it->first == cq.native_handle()) {
@@ -295,6 +323,7 @@ struct Connection::Impl {
         ++it;
       }
     }
+    any_held.store(!held.empty(), std::memory_order_release);
     return out.first(n);
   }
 
@@ -302,6 +331,8 @@ struct Connection::Impl {
   void build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
     ibv_context* ctx = id->verbs;
     if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
+    over_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (over_fd < 0) fail(errno, phase, "eventfd", where);
     device.emplace(device_of(id));
     const auto check_same = [&](const auto* given, const char* what) {
       if (given->native_handle() == nullptr)
@@ -397,6 +428,7 @@ struct Connection::Impl {
       if (e->type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
       if (e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
       if (e->type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
+      if (over()) wake_all();
     }
   }
 
@@ -407,9 +439,9 @@ struct Connection::Impl {
   /// ERR and flushes what is still posted (rxe leaves the QP in RTS otherwise, and a receive
   /// would wait forever).
   void settle() noexcept {
-    if ((peer_gone || device_removed) && !disconnected) {
-      rdma_disconnect(id.get());
-      disconnected = true;
+    if ((peer_gone || device_removed) && !disconnected.exchange(true)) {
+      rdma_disconnect(id.get());  // once, whichever thread gets here first
+      wake_all();
     }
   }
 };
@@ -473,7 +505,7 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
         wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
         (wc.opcode() == WcOpcode::recv ? received : sent) = true;
       } else {
-        c.held.emplace_back(cq.native_handle(), wc);
+        c.hold(cq, wc);
         if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
       }
     }
@@ -516,8 +548,8 @@ bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) no
     }
     const int left = ms_until(deadline);
     if (left <= 0) return false;
-    pollfd p{c.channel->fd, POLLIN, 0};
-    if (::poll(&p, 1, left) < 0 && errno != EINTR) {
+    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}};
+    if (::poll(fds, 2, left) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return false;
     }
@@ -532,15 +564,15 @@ bool Connection::wait_disconnected(milliseconds timeout, SourceLocation where) {
 }
 
 void Connection::disconnect(SourceLocation where) {
-  if (!impl_->established || impl_->disconnected) return;
-  impl_->disconnected = true;
+  if (!impl_->established || impl_->disconnected.exchange(true)) return;
+  impl_->wake_all();  // threads in wait() now fail with ENOTCONN
   if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect", where);
 }
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
   ec.clear();
-  if (!impl_->held.empty()) [[unlikely]] {
+  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
     if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
   }
   return wait_cq(cq, out, timeout, ec);
@@ -561,12 +593,13 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
     return {};
   };
+  unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
     if (!cq.has_channel()) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
-      if ((++c.spins & 1023u) == 0 || (first && closed())) {
+      if ((++spins & 1023u) == 0 || (first && closed())) {
         if (c.pump(ec), ec) return {};
         if (closed()) return finish();
       }
@@ -577,8 +610,8 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
     if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
-    pollfd fds[2] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}};
-    if (::poll(fds, 2, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
+    pollfd fds[3] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}};
+    if (::poll(fds, 3, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
     }

@@ -161,6 +161,19 @@ struct ListenOptions {
 /// rdma_cm events are read from the connection's own event channel (fd()), without a thread:
 /// wait() watches both the CQ and that channel, so a peer that disconnects or dies turns the
 /// wait into ConnectError(ECONNRESET) instead of a hang.
+///
+/// Threads (as libibverbs states it per verb):
+/// - wait(), wait_one(), wait_disconnected(), poll_events(), connected(), address_changed()
+///   and disconnect() may be called from several threads at once: e.g. a sender waiting on
+///   send_cq() and a receiver on recv_cq(). The connection's state is atomic, and whichever
+///   thread reads the event that ends the connection wakes the others, so each of them fails
+///   (ECONNRESET, ENODEV, ENOTCONN) within milliseconds. Two threads waiting on the same CQ
+///   are safe too; each completion goes to one of them.
+/// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
+/// - exchange() posts and polls on its own: not while another thread uses the connection.
+/// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
+///   what is fixed at establishment: safe from any thread.
+/// - Moving, assigning and destroying the Connection: not while any other call runs.
 class Connection {
  public:
   /// Moves the connection; the source is left empty (only destruction is allowed).
@@ -298,6 +311,8 @@ class Connection {
 
 /// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
 /// each other (its own event channel); the listener may be destroyed while they live.
+/// Threads: accept() from one thread at a time per Listener (they read one event channel);
+/// different Listeners, connect() and the Connections may be used from any threads at once.
 class Listener {
  public:
   /// Binds to `address` ("0.0.0.0" or "::" for every device) and `port` (0: any free port,

@@ -910,6 +910,70 @@ TEST_F(Cm, ErrorsRecordTheCallersLine) {
   }));
 }
 
+// Threads (suite CmThreads, run under ThreadSanitizer by scripts/test): the common pattern of
+// one thread sending and waiting on send_cq while another receives and waits on recv_cq, on one
+// connection. Both must see the peer's disconnect, and soon, whichever of them reads the event:
+// the send thread has nothing outstanding then, so no completion would wake it.
+using CmThreads = Cm;
+
+TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect) {
+  constexpr int kMessages = 64;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    cm::Listener listener(test_addr(), 0);
+    std::optional<MemoryRegion> server_in, client_in;
+    const auto post_all = [](std::optional<MemoryRegion>& mr, const cm::Handshake& h) {
+      mr.emplace(MemoryRegion::allocate(h.pd, 64 * kMessages, Access::local_write));
+      for (int i = 0; i < kMessages; ++i)
+        if (!h.qp.post_recv(mr->slice(64 * static_cast<std::size_t>(i), 64), 100 + static_cast<std::uint64_t>(i)).ok())
+          throw std::runtime_error("post_recv");
+    };
+    auto server = std::async(std::launch::async, [&] {
+      return listener.accept(10s, {.before_handshake = [&](const cm::Handshake& h) { post_all(server_in, h); }});
+    });
+    cm::Connection client = cm::connect(
+        test_addr(), listener.port(), {.connection = {.before_handshake = [&](const cm::Handshake& h) { post_all(client_in, h); }}});
+    cm::Connection conn = server.get();
+    using Clock = std::chrono::steady_clock;
+    struct Ended {
+      int completions = 0;
+      std::error_code ec;
+      Clock::time_point at;
+    };
+    // Waits on `cq` until the connection ends (or 20 s pass), counting successful completions.
+    const auto until_the_end = [&conn](CompletionQueue& cq) {
+      Ended r;
+      std::array<Completion, 8> wcs;
+      const auto give_up = Clock::now() + 20s;
+      while (!r.ec && Clock::now() < give_up) {
+        for (const Completion& wc : conn.wait(cq, wcs, 10s, r.ec)) r.completions += wc.ok() ? 1 : 0;
+      }
+      r.at = Clock::now();
+      return r;
+    };
+    auto receiver = std::async(std::launch::async, [&] { return until_the_end(conn.recv_cq()); });
+    auto sender = std::async(std::launch::async, [&] {
+      auto out = MemoryRegion::allocate(conn.pd(), 64);
+      for (int i = 0; i < kMessages; ++i) EXPECT_TRUE(conn.qp().post_send(out.slice(0, 64), {.wr_id = 1}).ok());
+      return until_the_end(conn.send_cq());
+    });
+    auto msg = MemoryRegion::allocate(client.pd(), 64);
+    for (int i = 0; i < kMessages; ++i) ASSERT_TRUE(client.qp().post_send(msg.slice(0, 64), {.wr_id = 2}).ok());
+    EXPECT_EQ(collect(client.send_cq(), kMessages, 10s).size(), static_cast<std::size_t>(kMessages));
+    EXPECT_EQ(collect(client.recv_cq(), kMessages, 10s).size(), static_cast<std::size_t>(kMessages));
+    std::this_thread::sleep_for(100ms);  // both server threads are asleep in wait()
+    const auto closed = Clock::now();
+    client.disconnect();
+    const Ended r = receiver.get(), s = sender.get();
+    EXPECT_EQ(r.completions, kMessages);
+    EXPECT_EQ(s.completions, kMessages);
+    EXPECT_EQ(r.ec, std::errc::connection_reset) << r.ec.message();
+    EXPECT_EQ(s.ec, std::errc::connection_reset) << s.ec.message();
+    EXPECT_LT(r.at - closed, 3s) << "the receiving thread noticed the disconnect late";
+    EXPECT_LT(s.at - closed, 3s) << "the sending thread noticed the disconnect late";
+  }
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
