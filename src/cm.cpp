@@ -578,8 +578,17 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
   return wait_cq(cq, out, timeout, ec);
 }
 
+std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       std::error_code& ec) noexcept {
+  ec.clear();
+  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
+    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
+  }
+  return wait_cq(cq, out, timeout, ec, true);
+}
+
 std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
-                                          std::error_code& ec) noexcept {
+                                          std::error_code& ec, bool busy) noexcept {
   Impl& c = *impl_;
   const auto deadline = deadline_after(timeout);
   // Completions in the CQ always come first. When the connection is over, the CQ is polled
@@ -596,7 +605,7 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
-    if (!cq.has_channel()) {
+    if (busy || !cq.has_channel()) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
       if ((++spins & 1023u) == 0 || (first && closed())) {
@@ -622,8 +631,18 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        SourceLocation where) {
+  return wait_or_throw(cq, out, timeout, false, where);
+}
+
+std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       SourceLocation where) {
+  return wait_or_throw(cq, out, timeout, true, where);
+}
+
+std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                                bool busy, SourceLocation where) {
   std::error_code ec;
-  auto got = wait(cq, out, timeout, ec);
+  auto got = busy ? spin(cq, out, timeout, ec) : wait(cq, out, timeout, ec);
   if (ec)
     fail(ec.value(), Phase::established,
          ec.value() == ECONNRESET   ? "the peer disconnected"

@@ -246,6 +246,24 @@ class Connection {
     return c;
   }
 
+  /// As wait(), but busy-polls `cq` (even one with a completion channel, which it does not
+  /// arm), and looks at the connection every 1024 empty polls (a system call each time): for a
+  /// latency-bound loop that must still notice a vanished peer at once (ECONNRESET within
+  /// milliseconds of rdma_cm's DISCONNECTED), not when a request is flushed or times out.
+  /// Uses the CPU until a completion comes or `timeout` passes.
+  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             std::error_code& ec) noexcept;
+  /// As above; throws ConnectError instead of setting an error_code (recording `where`).
+  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             SourceLocation where = SourceLocation::current());
+  /// One completion from `cq` by spin(), empty on timeout; throws ConnectError as spin() does.
+  std::optional<Completion> spin_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+                                     SourceLocation where = SourceLocation::current()) {
+    Completion c;
+    if (spin(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
+    return c;
+  }
+
   /// Handles pending rdma_cm events without blocking; false once the connection is over (the
   /// peer disconnected, or the RDMA device was removed).
   bool poll_events(SourceLocation where = SourceLocation::current());
@@ -283,7 +301,10 @@ class Connection {
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
   /// wait() without the completions exchange() held back.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
-                                std::error_code& ec) noexcept;
+                                std::error_code& ec, bool busy = false) noexcept;
+  /// The throwing form of wait() and spin().
+  std::span<Completion> wait_or_throw(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                                      bool busy, SourceLocation where);
   std::unique_ptr<Impl> impl_;
 };
 
