@@ -163,12 +163,14 @@ struct ListenOptions {
 /// wait into ConnectError(ECONNRESET) instead of a hang.
 ///
 /// Threads (as libibverbs states it per verb):
-/// - wait(), wait_one(), wait_disconnected(), poll_events(), connected(), address_changed()
-///   and disconnect() may be called from several threads at once: e.g. a sender waiting on
-///   send_cq() and a receiver on recv_cq(). The connection's state is atomic, and whichever
-///   thread reads the event that ends the connection wakes the others, so each of them fails
-///   (ECONNRESET, ENODEV, ENOTCONN) within milliseconds. Two threads waiting on the same CQ
-///   are safe too; each completion goes to one of them.
+/// - wait(), wait_one(), spin(), spin_one(), wait_disconnected(), poll_events(), connected(),
+///   address_changed() and disconnect() may be called from several threads at once: e.g. a
+///   sender waiting on send_cq() and a receiver on recv_cq(). The connection's state is
+///   atomic, and whichever thread reads the event that ends the connection wakes the others,
+///   so each of them fails (ECONNRESET, ENODEV, ENOTCONN) within milliseconds. Two threads
+///   waiting on the same CQ are free of races too, but each completion (and each channel
+///   event) goes to one of them, and the other may sleep until its timeout: keep one waiter
+///   per CQ.
 /// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
 /// - exchange() posts and polls on its own: not while another thread uses the connection.
 /// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
