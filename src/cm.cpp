@@ -287,21 +287,28 @@ struct Connection::Impl {
   std::atomic<bool> peer_gone{false};
   std::atomic<bool> device_removed{false};   // DEVICE_REMOVAL: over, but not the peer's doing
   std::atomic<bool> address_changed{false};  // ADDR_CHANGE seen
-  // An eventfd made readable (and left so) once the connection is over: every thread asleep in
-  // wait() polls it, so the thread that read the ending event wakes the others (the cm
-  // channel is readable for one reader only, and a CQ with nothing posted never wakes).
+  // Eventfds made readable (and left so) once the connection is over (over_fd), and once the
+  // peer or the device ended it (gone_fd): every thread asleep in wait() polls over_fd, and in
+  // wait_disconnected() gone_fd, so the thread that read the ending event (or disconnect()ed)
+  // wakes the others (the cm channel is readable for one reader only, and a CQ with nothing
+  // posted never wakes). wait_disconnected() after our own disconnect() waits for the peer's
+  // answer: over_fd, readable already, would make it spin.
   int over_fd = -1;
+  int gone_fd = -1;
 
   ~Impl() {
     if (established && !disconnected) rdma_disconnect(id.get());
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
     if (over_fd >= 0) ::close(over_fd);
+    if (gone_fd >= 0) ::close(gone_fd);
   }
 
-  /// Makes over_fd readable, waking every thread that waits on this connection.
+  /// Makes over_fd readable (and gone_fd once the peer or the device ended the connection),
+  /// waking every thread that waits on this connection.
   void wake_all() noexcept {
     const std::uint64_t one = 1;
     if (over_fd >= 0) (void)!::write(over_fd, &one, sizeof one);
+    if ((peer_gone || device_removed) && gone_fd >= 0) (void)!::write(gone_fd, &one, sizeof one);
   }
 
   /// Holds a completion exchange() polled that was not its own.
@@ -332,7 +339,8 @@ struct Connection::Impl {
     ibv_context* ctx = id->verbs;
     if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
     over_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (over_fd < 0) fail(errno, phase, "eventfd", where);
+    gone_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (over_fd < 0 || gone_fd < 0) fail(errno, phase, "eventfd", where);
     device.emplace(device_of(id));
     const auto check_same = [&](const auto* given, const char* what) {
       if (given->native_handle() == nullptr)
@@ -548,7 +556,7 @@ bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) no
     }
     const int left = ms_until(deadline);
     if (left <= 0) return false;
-    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}};
+    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {c.gone_fd, POLLIN, 0}};
     if (::poll(fds, 2, left) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return false;

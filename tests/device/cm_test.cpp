@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -264,6 +265,33 @@ TEST_F(Cm, AGoodbyeIsAwaitedWithoutAnException) {
   const auto flushed = collect(conn.recv_cq(), 1, 5s);
   ASSERT_EQ(flushed.size(), 1u);
   EXPECT_EQ(flushed[0].status(), WcStatus::wr_flush_err);
+}
+
+// After its own disconnect(), a side waits for the peer's answer asleep, not spinning: the
+// peer here answers only after 500 ms.
+TEST_F(Cm, WaitDisconnectedAfterOurDisconnectSleepsUntilThePeerAnswers) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();
+  auto answering = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(500ms);
+    return conn.wait_disconnected(5s);
+  });
+  client.disconnect();
+  const auto cpu = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_THREAD, &u);
+    return std::chrono::microseconds(u.ru_utime.tv_sec * 1000000L + u.ru_utime.tv_usec + u.ru_stime.tv_sec * 1000000L +
+                                     u.ru_stime.tv_usec);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto cpu0 = cpu();
+  EXPECT_TRUE(client.wait_disconnected(5s));
+  const auto used = cpu() - cpu0;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms) << "the peer had not answered yet";
+  EXPECT_LT(used, 150ms) << "wait_disconnected() used " << used.count() << " us of CPU while the peer took 500 ms";
+  EXPECT_TRUE(answering.get());
 }
 
 TEST_F(Cm, CompletionsInTheCqComeBeforeTheDisconnectError) {
