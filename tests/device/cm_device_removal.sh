@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rdma_cm's DEVICE_REMOVAL, for real: removes the rxe device (rdma link delete) while a listener
 # waits in accept() and both ends of a connection wait on their CQs (verbs_cm_peer --removal),
-# checks that each wait fails with ENODEV (not a timeout, nor "the peer disconnected"), and puts
+# checks that accept and the waits fail with ENODEV (not a timeout; one end of the connection
+# may see the other's id go first, ECONNRESET), and puts
 # the device back as scripts/rxe-vm made it.
 #
 # Usage: cm_device_removal.sh PEER     (PEER: the verbs_cm_peer program)
@@ -31,7 +32,10 @@ deleting=$!
 wait "$pid"
 status=$?
 cat "$out"
-[ "$status" -eq 0 ] || { echo "FAIL: verbs_cm_peer --removal exited with $status (every wait must end with ENODEV)"; failed=1; }
+[ "$status" -eq 0 ] || {
+  echo "FAIL: verbs_cm_peer --removal exited with $status (accept and at least one end must say ENODEV, no wait may time out)"
+  failed=1
+}
 wait "$deleting" || { echo "FAIL: rdma link delete $dev failed"; failed=1; }
 # Put it back, and wait for the port and its IPv4 GID, as scripts/rxe-vm does.
 [ -e "/sys/class/infiniband/$dev" ] || rdma link add "$dev" type rxe netdev "$netdev" || { echo "FAIL: rdma link add"; exit 1; }
