@@ -12,7 +12,9 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
   std::shared_ptr<ibv_comp_channel> channel;
   if (options.with_channel) {
     ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel", where);
-    channel.reset(ch, [](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
+    // The channel holds the context itself: ibv_destroy_comp_channel locks the context's mutex,
+    // so the context must outlive it whatever else is released first.
+    channel.reset(ch, [ctx = device.shared_handle()](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
     // Non-blocking, so consume_events() and wait() never sleep inside ibv_get_cq_event.
     const int fl = ::fcntl(ch->fd, F_GETFL);
     if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
@@ -20,7 +22,8 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
   }
   ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
                                  "ibv_create_cq", where);
-  // The channel must outlive the CQ, the context both.
+  // Every owner holds what it needs itself (the channel its context), so the order in which
+  // the captures are destroyed does not matter.
   cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
 }
 

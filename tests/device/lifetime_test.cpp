@@ -174,6 +174,16 @@ TEST_P(RandomTeardown, AnyOrderNeverFailsAndReleasesEverything) {
 INSTANTIATE_TEST_SUITE_P(Lifetime, RandomTeardown, ::testing::Range(1u, 7u),
                          [](const auto& seed) { return "seed" + std::to_string(seed.param); });
 
+// The CQ (with its completion channel) last: it then holds the last reference to the device
+// context, and the channel must be destroyed before the context is closed (ibv_destroy_comp_channel
+// locks the context's mutex). Reading freed memory inside libibverbs is invisible to ASan; the
+// lifetime.valgrind test runs this under memcheck.
+TEST_F(Lifetime, CompletionQueueWithAChannelLastReleasesTheContextLast) {
+  std::vector<std::size_t> order{8, 7, 6, 5, 3, 2, 1, 0, 4};
+  ASSERT_STREQ(World::names[order.back()], "CompletionQueue");
+  teardown_in(order);
+}
+
 TEST_F(Lifetime, QueuePairOutlivesTheVariablesOfItsDevicePdAndCqs) {
   std::optional<verbs::Device> device(verbs::Device::open(dev->name()));
   std::optional<verbs::ProtectionDomain> own_pd(std::in_place, *device);
