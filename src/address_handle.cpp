@@ -3,6 +3,7 @@
 namespace verbs {
 
 AddressHandle::AddressHandle(const ProtectionDomain& pd, const AhOptions& o, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "AddressHandle: the ProtectionDomain", where);
   ibv_ah_attr a{};
   a.dlid = o.dlid;
   a.sl = o.sl;

@@ -137,13 +137,21 @@ void Device::swap(Device& o) noexcept {
   std::swap(attr_, o.attr_);
 }
 
-PortInfo Device::port(std::uint8_t port_num) const { return detail::query_port(ctx_.get(), port_num); }
+PortInfo Device::port(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::port: the Device", SourceLocation::current());
+  return detail::query_port(ctx_.get(), port_num);
+}
 std::vector<GidEntry> Device::gid_table(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::gid_table: the Device", SourceLocation::current());
   return detail::query_gid_table(ctx_.get(), port_num);
 }
-GidChoice Device::choose_gid(std::uint8_t port_num) const { return detail::choose_gid(ctx_.get(), port_num); }
+GidChoice Device::choose_gid(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::choose_gid: the Device", SourceLocation::current());
+  return detail::choose_gid(ctx_.get(), port_num);
+}
 
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::wait_async_event: the Device", SourceLocation::current());
   pollfd p{ctx_->async_fd, POLLIN, 0};
   const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
   if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());

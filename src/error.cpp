@@ -29,6 +29,9 @@ class VerbsCategory final : public std::error_category {
       case Errc::no_device: return "no RDMA device";
       case Errc::timed_out: return "timed out";
       case Errc::bad_argument: return "invalid argument";
+      case Errc::empty_object: return "the object is empty (it was moved from)";
+      case Errc::inline_not_allowed: return "inline data is only for sends and RDMA writes (not reads or atomics)";
+      case Errc::atomics_unsupported: return "the device does not support atomic operations (atomic_cap NONE)";
     }
     return "unknown verbs error " + std::to_string(v);
   }
@@ -36,6 +39,7 @@ class VerbsCategory final : public std::error_category {
     switch (static_cast<Errc>(v)) {
       case Errc::no_device: return std::errc::no_such_device;
       case Errc::timed_out: return std::errc::timed_out;
+      case Errc::atomics_unsupported: return std::errc::operation_not_supported;
       case Errc::local_out_of_bounds:
       case Errc::remote_out_of_bounds:
       case Errc::remote_too_small:

@@ -36,6 +36,7 @@ Buffer::~Buffer() { std::free(data_); }  // NOLINT
 MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
                            SourceLocation where)
     : access_(access) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion: the ProtectionDomain", where);
   constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
   if ((access & needs_local_write) && !(access & Access::local_write))
     detail::throw_error(make_error_code(Errc::bad_argument),

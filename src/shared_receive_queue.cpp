@@ -3,6 +3,7 @@
 namespace verbs {
 
 SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "SharedReceiveQueue: the ProtectionDomain", where);
   ibv_srq_init_attr init{};
   init.attr.max_wr = o.max_wr;
   init.attr.max_sge = o.max_sge;

@@ -159,9 +159,12 @@ class MemoryRegion {
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
                SourceLocation where = SourceLocation::current());
 
-  /// Registers any contiguous range of trivially copyable elements.
+  /// Registers any contiguous range of trivially copyable elements: an lvalue, or a borrowed
+  /// range (a span, a string_view-like view). A temporary container does not compile: it would
+  /// be freed at the end of the statement while the device keeps its address.
   template <std::ranges::contiguous_range R>
-    requires(std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
+    requires((std::is_lvalue_reference_v<R> || std::ranges::borrowed_range<R>) &&
+             std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
              !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>> &&
              !std::is_same_v<std::remove_cvref_t<R>, std::span<std::byte>>)
   MemoryRegion(const ProtectionDomain& pd, R&& range, AccessFlags access = {},
@@ -190,18 +193,21 @@ class MemoryRegion {
     std::swap(access_, o.access_);
   }
 
-  /// The registered memory.
-  [[nodiscard]] std::span<std::byte> bytes() const noexcept {
-    return {static_cast<std::byte*>(mr_->addr), mr_->length};
-  }
-  /// Start of the registered memory.
-  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
-  /// Bytes registered.
-  [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
+  // A moved-from region is empty: no memory, size 0, keys 0, and slice() of anything but
+  // nothing throws Error(Errc::empty_object).
+
+  /// The registered memory (empty for a moved-from region).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
+  /// Start of the registered memory (null for a moved-from region).
+  [[nodiscard]] std::byte* data() const noexcept { return mr_ ? static_cast<std::byte*>(mr_->addr) : nullptr; }
+  /// Bytes registered (0 for a moved-from region).
+  [[nodiscard]] std::size_t size() const noexcept { return mr_ ? mr_->length : 0; }
   /// Local key, for local slices.
-  [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
+  [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_ ? mr_->lkey : 0; }
   /// Remote key, for the peer (see remote()).
-  [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+  [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_ ? mr_->rkey : 0; }
+  /// False for a moved-from (empty) region.
+  [[nodiscard]] explicit operator bool() const noexcept { return mr_ != nullptr; }
   /// The rights the region was registered with.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
 
@@ -210,7 +216,7 @@ class MemoryRegion {
   [[nodiscard]] LocalSlice slice(std::size_t offset, std::size_t len,
                                  SourceLocation where = SourceLocation::current()) const {
     if (offset > size() || len > size() - offset) [[unlikely]]
-      detail::throw_slice_error(Errc::local_out_of_bounds, offset, len, size(), where);
+      detail::throw_slice_error(mr_ ? Errc::local_out_of_bounds : Errc::empty_object, offset, len, size(), where);
     if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
       detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
     return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
@@ -227,7 +233,7 @@ class MemoryRegion {
   /// What the peer needs to read, write or use atomics on this region. The rkey only opens what
   /// `access()` grants.
   [[nodiscard]] RemoteSlice remote() const noexcept {
-    return {reinterpret_cast<std::uint64_t>(mr_->addr), mr_->length, mr_->rkey};  // NOLINT
+    return {reinterpret_cast<std::uint64_t>(data()), size(), rkey()};  // NOLINT
   }
 
   /// The C handle.

@@ -122,15 +122,43 @@ class QueuePair {
                                        const ibv_qp_cap& granted, QpState state);
 
   ///@{
-  /// Move-only: the moved-from QP is empty.
-  QueuePair(QueuePair&&) noexcept = default;
-  QueuePair& operator=(QueuePair&&) noexcept = default;
+  /// Move-only: the moved-from QP is empty, and refuses every post (Errc::empty_object) and
+  /// transition (Error(Errc::empty_object)) instead of handing a null QP to the device.
+  QueuePair(QueuePair&& o) noexcept : QueuePair() { swap(o); }
+  QueuePair& operator=(QueuePair&& o) noexcept {
+    QueuePair(std::move(o)).swap(*this);
+    return *this;
+  }
   ///@}
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
   ~QueuePair() = default;
   /// Exchanges two QueuePairs.
-  void swap(QueuePair& o) noexcept { std::swap(*this, o); }
+  void swap(QueuePair& o) noexcept {
+    // Every member: a moved-from QP must end up as a default-constructed (empty) one.
+    qp_.swap(o.qp_);
+    std::swap(local_, o.local_);
+    std::swap(allowed_, o.allowed_);
+    std::swap(type_ops_, o.type_ops_);
+    std::swap(max_send_sge_, o.max_send_sge_);
+    std::swap(max_recv_sge_, o.max_recv_sge_);
+    std::swap(max_inline_, o.max_inline_);
+    std::swap(max_send_wr_, o.max_send_wr_);
+    std::swap(max_recv_wr_, o.max_recv_wr_);
+    std::swap(gid_index_, o.gid_index_);
+    std::swap(access_, o.access_);
+    std::swap(pkey_index_, o.pkey_index_);
+    std::swap(port_, o.port_);
+    std::swap(state_, o.state_);
+    std::swap(type_, o.type_);
+    std::swap(has_srq_, o.has_srq_);
+    std::swap(ethernet_, o.ethernet_);
+    std::swap(atomics_, o.atomics_);
+    std::swap(max_init_rd_atom_, o.max_init_rd_atom_);
+    std::swap(max_rd_atom_, o.max_rd_atom_);
+  }
+  /// False for a moved-from (empty) QP.
+  [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
 
   // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
   /// RESET -> INIT, with the access rights and port of the options.
@@ -149,8 +177,14 @@ class QueuePair {
   void reset(SourceLocation where = SourceLocation::current());
   /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
   void to_error(SourceLocation where = SourceLocation::current());
-  /// ibv_query_qp(3): the device's view, which can differ from state() after an error.
-  [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current());
+  /// ibv_query_qp(3): the device's view, which can differ from state() after an error (the
+  /// device moves a QP to ERR on a failed request). Changes nothing in this object, so it may be
+  /// called while another thread posts.
+  [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current()) const;
+  /// As query_state(), and makes the device's view this object's state(): for a QP whose
+  /// state something else changed (rdma_cm, or ibv_modify_qp on native_handle()). Like the
+  /// transitions, not while another thread posts on this QP.
+  QpState refresh_state(SourceLocation where = SourceLocation::current());
   /// The state of the last transition this object made (no system call).
   [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_); }
 
@@ -270,7 +304,8 @@ class QueuePair {
   /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
-    if (state_ == IBV_QPS_RESET) [[unlikely]] return PostResult::rejected(Errc::bad_qp_state, 0);
+    if (state_ == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
+      return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
     return RecvWr::post_chain(wrs, max_recv_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_recv(qp_.get(), wr, bad);
     });
@@ -313,9 +348,13 @@ class QueuePair {
   // Request `index` failed passes_(): which check, in the order they are documented.
   [[nodiscard, gnu::cold, gnu::noinline]] PostResult rejected_(const SendWr& w, std::uint32_t index) const noexcept {
     Errc e = Errc::bad_argument;  // not reached: passes_() would have held
-    if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
+    const unsigned op = w.key_ & (SendWr::one_sge_bit - 1);
+    const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (!qp_) e = Errc::empty_object;
+    else if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
     else if (w.err_ != 0) e = static_cast<Errc>(w.err_);
-    else if (((type_ops_ >> (w.key_ & (SendWr::one_sge_bit - 1))) & 1u) == 0) e = Errc::wrong_qp_type;
+    else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
+    else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
     else if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_send_sge_) e = Errc::too_many_sge;
     else if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) e = Errc::inline_too_large;
     return PostResult::rejected(e, index);
@@ -327,8 +366,7 @@ class QueuePair {
   void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
-  /// {max_qp_init_rd_atom, max_qp_rd_atom} of the device, for RTR and RTS.
-  [[nodiscard]] std::pair<std::uint8_t, std::uint8_t> rd_atomic_limits_(SourceLocation where) const;
+  void check_not_empty_(const char* what, SourceLocation where) const;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;
@@ -343,6 +381,8 @@ class QueuePair {
   QpType type_ = QpType::rc;
   bool has_srq_ = false;
   bool ethernet_ = false;
+  bool atomics_ = false;             // the device's atomic_cap is not NONE
+  std::uint8_t max_init_rd_atom_ = 0, max_rd_atom_ = 0;  // the device's max_qp_init_rd_atom, max_qp_rd_atom
 };
 
 /// Exchanges two QueuePairs.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include <infiniband/verbs.h>
 
@@ -27,9 +28,13 @@ class SharedReceiveQueue {
   explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {}, SourceLocation where = SourceLocation::current());
 
   ///@{
-  /// Move-only: the moved-from object is empty.
-  SharedReceiveQueue(SharedReceiveQueue&&) noexcept = default;
-  SharedReceiveQueue& operator=(SharedReceiveQueue&&) noexcept = default;
+  /// Move-only: the moved-from object is empty, and refuses posts with Errc::empty_object.
+  SharedReceiveQueue(SharedReceiveQueue&& o) noexcept
+      : srq_(std::move(o.srq_)), max_wr_(std::exchange(o.max_wr_, 0)), max_sge_(std::exchange(o.max_sge_, 0)) {}
+  SharedReceiveQueue& operator=(SharedReceiveQueue&& o) noexcept {
+    SharedReceiveQueue(std::move(o)).swap(*this);
+    return *this;
+  }
   ///@}
   SharedReceiveQueue(const SharedReceiveQueue&) = delete;
   SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
@@ -45,6 +50,7 @@ class SharedReceiveQueue {
   /// Fails with Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
   ///@{
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
+    if (!srq_) [[unlikely]] return PostResult::rejected(Errc::empty_object, 0);
     return RecvWr::post_chain(wrs, max_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_srq_recv(srq_.get(), wr, bad);
     });

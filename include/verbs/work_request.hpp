@@ -23,7 +23,7 @@ namespace verbs {
 struct PostOptions {
   std::uint64_t wr_id = 0;   ///< returned in the completion
   bool signaled = true;      ///< ask for a completion
-  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE); lkey unused
+  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE; sends and writes only); lkey unused
   bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
   bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)
 };
@@ -107,15 +107,18 @@ class SendWr {
   }
   ///@}
   ///@{
-  /// RDMA read of the front of `src` into `dst` (scattered across the slices).
+  /// RDMA read of the front of `src` into `dst` (scattered across the slices). Inline data
+  /// is refused (Errc::inline_not_allowed): a read carries no payload out.
   static SendWr read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_RDMA_READ, dst, o);
     w.remote_(src);
+    w.no_inline_(o);
     return w;
   }
   static SendWr read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_RDMA_READ, dst, o);
     w.remote_(src);
+    w.no_inline_(o);
     return w;
   }
   ///@}
@@ -140,18 +143,20 @@ class SendWr {
   }
   ///@}
   /// Atomic fetch-and-add on the 8-byte, 8-aligned `target`; the old value lands in `result`
-  /// (8 bytes, in the target's byte order, i.e. host order between like hosts).
+  /// (8 bytes, in the target's byte order, i.e. host order between like hosts). Not inline
+  /// (Errc::inline_not_allowed); refused on a device without atomics (Errc::atomics_unsupported).
   static SendWr fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, result, o);
-    w.atomic_(result, target);
+    w.atomic_(result, target, o);
     w.wr_.wr.atomic.compare_add = add;
     return w;
   }
-  /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in result.
+  /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in
+  /// result. Checked as fetch_add().
   static SendWr compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
                              const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_ATOMIC_CMP_AND_SWP, result, o);
-    w.atomic_(result, target);
+    w.atomic_(result, target, o);
     w.wr_.wr.atomic.compare_add = compare;
     w.wr_.wr.atomic.swap = swap;
     return w;
@@ -161,6 +166,7 @@ class SendWr {
   /// must outlive the request's completion.
   SendWr& to(const AddressHandle& ah, std::uint32_t remote_qpn, std::uint32_t remote_qkey) noexcept {
     wr_.wr.ud.ah = ah.native_handle();
+    if (wr_.wr.ud.ah == nullptr) [[unlikely]] fail_(Errc::empty_object);  // a moved-from handle
     wr_.wr.ud.remote_qpn = remote_qpn;
     wr_.wr.ud.remote_qkey = remote_qkey;
     key_ |= ud_bit;
@@ -219,11 +225,16 @@ class SendWr {
     wr_.wr.rdma.rkey = r.rkey;
     if (total_ > r.length) fail_(Errc::remote_too_small);
   }
-  void atomic_(const LocalSlice& result, const RemoteSlice& target) noexcept {
+  void atomic_(const LocalSlice& result, const RemoteSlice& target, const PostOptions& o) noexcept {
     wr_.wr.atomic.remote_addr = target.addr;
     wr_.wr.atomic.rkey = target.rkey;
     if (result.length() != 8 || target.length != 8) fail_(Errc::atomic_length);
     if (target.addr % 8 != 0) fail_(Errc::atomic_misaligned);
+    no_inline_(o);
+  }
+  // Only sends and writes carry a payload out, so only they may be inline (ibv_post_send(3)).
+  void no_inline_(const PostOptions& o) noexcept {
+    if (o.inline_data) fail_(Errc::inline_not_allowed);
   }
   void fail_(Errc e) noexcept {
     if (err_ == 0) err_ = static_cast<std::uint16_t>(e);
