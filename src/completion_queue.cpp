@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <string>
 
+#include "detail.hpp"
+
 namespace verbs {
 namespace {
 
@@ -148,7 +150,7 @@ int CompletionQueue::consume_events() {
 std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout,
                                             std::error_code& ec) noexcept {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   ec.clear();
   for (;;) {
     if (auto got = poll(out, ec); !got.empty() || ec) return got;
@@ -156,9 +158,8 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
     if (now >= deadline) return {};
     if (!has_channel()) continue;  // busy-poll until the deadline
     if (auto got = arm_and_poll(out, ec); !got.empty() || ec) return got;
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
     pollfd p{cq_->channel->fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, left.count())));
+    const int n = ::poll(&p, 1, std::max(1, detail::poll_ms_until(deadline)));
     if (n < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};

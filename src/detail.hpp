@@ -1,6 +1,8 @@
 // Cold helpers shared by the library's sources (not installed).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -18,6 +20,26 @@ inline std::uint64_t get_le(const std::byte* p, int n) noexcept {
   std::uint64_t v = 0;
   for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
   return v;
+}
+
+/// now + timeout without overflow: milliseconds::max() (and anything past the clock's range)
+/// means "no deadline", a negative timeout means "now".
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto now = clock::now();
+  if (timeout <= std::chrono::milliseconds::zero()) return now;
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now);
+  if (timeout >= room) return clock::time_point::max();
+  return now + timeout;
+}
+
+/// Milliseconds from now until `deadline`, for poll(2): 0 when passed, at most 2^30 (a caller
+/// waiting for longer loops, re-reading the clock).
+inline int poll_ms_until(std::chrono::steady_clock::time_point deadline) noexcept {
+  const auto now = std::chrono::steady_clock::now();
+  if (deadline <= now) return 0;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+  return static_cast<int>(std::min<std::int64_t>(left, 1 << 30));
 }
 
 PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());

@@ -127,6 +127,11 @@ Device Device::open_first(SourceLocation where) {
 }
 
 Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
+  if (!ctx)
+    detail::throw_error(make_error_code(Errc::bad_argument), "Device::adopt: no context", SourceLocation::current());
+  // Non-blocking, as a Device opened here is: wait_async_event polls it with a timeout.
+  if (const int fl = ::fcntl(ctx->async_fd, F_GETFL); fl >= 0 && (fl & O_NONBLOCK) == 0)
+    (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
   std::string name = ibv_get_device_name(ctx->device);
   return Device(std::move(ctx), std::move(name));
 }
@@ -152,14 +157,19 @@ GidChoice Device::choose_gid(std::uint8_t port_num) const {
 
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
   detail::require_not_empty(ctx_ != nullptr, "Device::wait_async_event: the Device", SourceLocation::current());
-  pollfd p{ctx_->async_fd, POLLIN, 0};
-  const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
-  if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
-  if (n <= 0) return std::nullopt;
+  const auto deadline = detail::deadline_after(timeout);
   AsyncEvent ev;
-  if (ibv_get_async_event(ctx_.get(), &ev.raw) != 0) {
-    if (errno == EAGAIN) return std::nullopt;
-    detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
+  for (;;) {
+    pollfd p{ctx_->async_fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, detail::poll_ms_until(deadline));
+    if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
+    // A signal (EINTR) is not the end of the wait, nor is another reader taking the event first.
+    if (n > 0) {
+      if (ibv_get_async_event(ctx_.get(), &ev.raw) == 0) break;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
   ev.type = ev.raw.event_type;
   ibv_ack_async_event(&ev.raw);

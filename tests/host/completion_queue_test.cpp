@@ -177,3 +177,13 @@ TEST(CompletionQueueAdopt, AdoptingMakesTheChannelNonBlocking) {
   EXPECT_NE(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0) << "consume_events() would block on the channel";
   EXPECT_EQ(cq.consume_events(), 0);
 }
+
+TEST(CompletionQueueArm, WaitingForeverWaits) {
+  // milliseconds::max() overflowed steady_clock's now() + timeout, and wait() returned at once.
+  StubWithChannel s;
+  s.stub.ready_on_arm = 1;  // the completion comes only once the wait has gone as far as arming
+  CompletionQueue cq = s.stub.completion_queue();
+  std::array<Completion, 2> out{};
+  EXPECT_EQ(cq.wait(out, std::chrono::milliseconds::max()).size(), 1u);
+  EXPECT_EQ(s.stub.armed, 1);
+}

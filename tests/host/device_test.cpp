@@ -2,6 +2,8 @@
 // Mtu helpers. The no-device cases skip on a host that has one (e.g. with SoftRoCE).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -10,14 +12,19 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #include <verbs/device.hpp>
 
 #include "support/expect.hpp"
+#include "support/stub_provider.hpp"
 
 namespace {
 
@@ -170,6 +177,59 @@ TEST(GidType, NamesEachType) {
   EXPECT_EQ(verbs::to_string(verbs::GidType::ib), "IB");
   EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v1), "RoCE v1");
   EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v2), "RoCE v2");
+}
+
+}  // namespace
+
+// ---- async events and waits on a stub context (support/stub_provider.hpp) ----
+namespace {
+
+struct StubAsyncFd {
+  verbs_stub::Provider stub;
+  int fds[2] = {-1, -1};
+  StubAsyncFd() {
+    EXPECT_EQ(::pipe(fds), 0);
+    stub.vctx.context.async_fd = fds[0];  // never written: no event comes
+  }
+  ~StubAsyncFd() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  StubAsyncFd(const StubAsyncFd&) = delete;
+  StubAsyncFd& operator=(const StubAsyncFd&) = delete;
+};
+
+void on_signal(int) {}
+
+TEST(DeviceAdopt, AdoptingMakesTheAsyncFdNonBlocking) {
+  StubAsyncFd s;
+  ASSERT_EQ(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
+  const verbs::Device dev = s.stub.device_handle();
+  EXPECT_EQ(dev.name(), "stub0");
+  EXPECT_NE(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
+}
+
+TEST(DeviceAdopt, ASignalDoesNotEndTheWaitForAnAsyncEvent) {
+  StubAsyncFd s;
+  const verbs::Device dev = s.stub.device_handle();
+  struct sigaction sa {};
+  struct sigaction old {};
+  sa.sa_handler = &on_signal;  // no SA_RESTART: poll(2) returns EINTR
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  const pthread_t waiter = ::pthread_self();
+  std::thread poker([waiter] {
+    for (int i = 0; i < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ::pthread_kill(waiter, SIGUSR1);
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const auto ev = dev.wait_async_event(std::chrono::milliseconds(400));
+  const auto took = std::chrono::steady_clock::now() - start;
+  poker.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_FALSE(ev.has_value());
+  EXPECT_GE(took, std::chrono::milliseconds(400)) << "the wait ended at the first signal, as if it had timed out";
 }
 
 }  // namespace

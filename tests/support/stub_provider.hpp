@@ -28,6 +28,7 @@ namespace verbs_stub {
 /// into it.
 struct Provider {
   verbs_context vctx{};
+  ibv_device device{};
   ibv_qp qp{};
   ibv_cq cq{};
 
@@ -46,6 +47,9 @@ struct Provider {
   Provider() {
     vctx.sz = sizeof(verbs_context);
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    vctx.context.device = &device;
+    vctx.context.async_fd = -1;  // a test that waits for async events sets one
+    std::strcpy(device.name, "stub0");
     vctx.query_port = &query_port;
     vctx.query_device_ex = &query_device_ex;
     vctx.context.ops.post_send = &post_send;
@@ -71,6 +75,10 @@ struct Provider {
     qp.qp_type = static_cast<ibv_qp_type>(o.type);
     qp.state = static_cast<ibv_qp_state>(state);
     return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state);
+  }
+  /// The stub context as a verbs::Device (it asks for the device attributes only).
+  verbs::Device device_handle() {
+    return verbs::Device::adopt(std::shared_ptr<ibv_context>(&vctx.context, [](ibv_context*) {}));
   }
   /// The stub CQ as a verbs::CompletionQueue.
   verbs::CompletionQueue completion_queue() {
