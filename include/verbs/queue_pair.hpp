@@ -79,11 +79,19 @@ struct Endpoint {
 
 /// Attributes for RTR and RTS. The defaults never wait forever: on rxe a retry count of 7
 /// retries without end, and an rnr_retry of 7 is infinite by the specification.
+///
+/// Budgets of the defaults (4.096 us x 2^timeout per try; the RNR timer is the responder's):
+/// - a peer that stops answering: 7 tries of 67 ms, so a request fails with RETRY_EXC_ERR
+///   after about 0.5 s (more on a lossy link, where each loss costs one try);
+/// - a receiver without a posted receive (RNR): 6 retries 491.52 ms apart, so the receiver has
+///   about 2.9 s to post one before the send fails with RNR_RETRY_EXC_ERR. A send that meets
+///   RNR waits at least 491.52 ms, so post receives ahead; lower min_rnr_timer (e.g. 12,
+///   0.64 ms) to retry sooner with a correspondingly shorter budget.
 struct ConnectOptions {
   std::optional<Mtu> path_mtu = std::nullopt;               ///< default: the smaller of both ports' active MTU
   std::optional<std::uint8_t> max_rd_atomic = std::nullopt; ///< outstanding reads/atomics as initiator; default min(16, device)
   std::optional<std::uint8_t> max_dest_rd_atomic = std::nullopt; ///< as responder; default min(16, device)
-  std::uint8_t min_rnr_timer = 12;           ///< 0.64 ms
+  std::uint8_t min_rnr_timer = 31;           ///< RNR NAK timer (IB spec table): 31 = 491.52 ms, 12 = 0.64 ms, 0 = 655.36 ms
   std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
   std::uint8_t retry_cnt = 6;                ///< transport retries (7 is infinite on rxe)
   std::uint8_t rnr_retry = 6;                ///< receiver-not-ready retries (7 is infinite)
