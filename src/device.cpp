@@ -90,6 +90,42 @@ std::string Gid::to_string() const {
   return text;
 }
 
+void* AsyncEvent::context() const noexcept {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return raw.element.qp != nullptr ? raw.element.qp->qp_context : nullptr;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return raw.element.srq != nullptr ? raw.element.srq->srq_context : nullptr;
+    case IBV_EVENT_CQ_ERR:
+      return raw.element.cq != nullptr ? raw.element.cq->cq_context : nullptr;
+    default:
+      return nullptr;
+  }
+}
+
+std::uint8_t AsyncEvent::port() const noexcept {
+  switch (type) {
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+      return static_cast<std::uint8_t>(raw.element.port_num);
+    default:
+      return 0;
+  }
+}
+
 std::vector<DeviceInfo> list_devices() {
   const DeviceList l;
   if (l.list == nullptr) {

@@ -77,6 +77,7 @@ ibv_qp_init_attr QueuePair::init_attr(const CompletionQueue& send_cq, const Comp
   init.cap.max_inline_data = o.max_inline_data;
   init.qp_type = static_cast<ibv_qp_type>(o.type);
   init.sq_sig_all = o.signal_all ? 1 : 0;
+  init.qp_context = o.context;
   return init;
 }
 

@@ -48,6 +48,7 @@ struct QpOptions {
   std::uint16_t pkey_index = 0;               ///< partition key index
   std::uint32_t qkey = 0x11111111;            ///< UD only
   std::optional<std::uint32_t> gid_index = std::nullopt;     ///< default: Device::choose_gid's pick
+  void* context = nullptr;  ///< qp_context: AsyncEvent::context() of the events this QP raises
 };
 
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed

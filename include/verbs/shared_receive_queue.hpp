@@ -17,7 +17,8 @@ namespace verbs {
 struct SrqOptions {
   std::uint32_t max_wr = 256;  ///< receives it can hold (devices round up)
   std::uint32_t max_sge = 1;   ///< scatter/gather entries per receive
-  std::uint32_t limit = 0;  ///< 0: not armed; see arm()
+  std::uint32_t limit = 0;     ///< armed at creation when not 0 (with ibv_modify_srq, as arm() does)
+  void* context = nullptr;     ///< srq_context: AsyncEvent::context() of the events this SRQ raises
 };
 
 /// A receive queue shared by several QPs (wc.qp_num tells them apart). Move-only; keeps its

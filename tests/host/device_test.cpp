@@ -233,3 +233,37 @@ TEST(DeviceAdopt, ASignalDoesNotEndTheWaitForAnAsyncEvent) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(AsyncEvent, ContextIsThatOfTheObjectTheEventConcerns) {
+  int q = 0, r = 0, c = 0;
+  ibv_qp qp{};
+  qp.qp_context = &q;
+  ibv_srq srq{};
+  srq.srq_context = &r;
+  ibv_cq cq{};
+  cq.cq_context = &c;
+  verbs::AsyncEvent ev;
+  for (const ibv_event_type t : {IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_QP_ACCESS_ERR}) {
+    ev.type = t;
+    ev.raw.element.qp = &qp;
+    EXPECT_EQ(ev.context(), &q) << ev.name();
+    EXPECT_EQ(ev.port(), 0);
+  }
+  ev.type = IBV_EVENT_SRQ_LIMIT_REACHED;
+  ev.raw.element.srq = &srq;
+  EXPECT_EQ(ev.context(), &r);
+  ev.type = IBV_EVENT_CQ_ERR;
+  ev.raw.element.cq = &cq;
+  EXPECT_EQ(ev.context(), &c);
+  ev.type = IBV_EVENT_PORT_ERR;
+  ev.raw.element.port_num = 1;
+  EXPECT_EQ(ev.context(), nullptr);
+  EXPECT_EQ(ev.port(), 1);
+  ev.type = IBV_EVENT_DEVICE_FATAL;
+  EXPECT_EQ(ev.context(), nullptr);
+  EXPECT_EQ(ev.port(), 0);
+}
+
+}  // namespace
