@@ -29,7 +29,7 @@ enum class WcOpcode : int {
   recv = IBV_WC_RECV,
   recv_rdma_with_imm = IBV_WC_RECV_RDMA_WITH_IMM,
 };
-/// The opcode's name, e.g. "RDMA_WRITE".
+/// The opcode's name, as its enumerator is spelled: "rdma_write", "recv_rdma_with_imm".
 std::string_view to_string(WcOpcode op) noexcept;
 
 /// One work completion. Layout-identical to ibv_wc, so polling writes straight into a span of

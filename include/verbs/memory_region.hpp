@@ -138,7 +138,7 @@ class Buffer {
 
   /// The memory; null when empty.
   [[nodiscard]] std::byte* data() const noexcept { return data_; }
-  /// Bytes allocated (whole pages).
+  /// Bytes asked for; the allocation behind them is rounded up to whole pages.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// The memory as bytes.
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }

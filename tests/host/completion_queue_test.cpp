@@ -187,3 +187,9 @@ TEST(CompletionQueueArm, WaitingForeverWaits) {
   EXPECT_EQ(cq.wait(out, std::chrono::milliseconds::max()).size(), 1u);
   EXPECT_EQ(s.stub.armed, 1);
 }
+
+TEST(WcOpcode, NamesAreTheEnumeratorsSpelling) {
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::rdma_write), "rdma_write");
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::recv_rdma_with_imm), "recv_rdma_with_imm");
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::fetch_add), "fetch_add");
+}
