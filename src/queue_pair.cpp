@@ -147,6 +147,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   local_.qkey = o.type == QpType::ud ? o.qkey : 0;
   local_.lid = port.lid;
   local_.mtu = port.active_mtu;
+  ud_max_ = mtu_bytes(port.active_mtu);
 }
 
 void QueuePair::check_not_empty_(const char* what, SourceLocation where) const {

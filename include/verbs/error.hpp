@@ -60,6 +60,9 @@ enum class Errc : int {
   empty_object,             ///< the object is empty: it was moved from (or never made)
   inline_not_allowed,       ///< inline data on an operation that carries none (RDMA read, atomics)
   atomics_unsupported,      ///< the device does not do atomics (atomic_cap NONE)
+  ud_message_too_large,     ///< a UD send larger than the port's MTU (the receiver would drop it silently)
+  ud_recv_too_small,        ///< a UD receive without room for the 40-byte GRH before the payload
+  ud_needs_address,         ///< a UD send without an address: SendWr::send(...).to(ah, qpn, qkey)
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.

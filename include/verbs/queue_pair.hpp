@@ -165,6 +165,7 @@ class QueuePair {
     std::swap(atomics_, o.atomics_);
     std::swap(max_init_rd_atom_, o.max_init_rd_atom_);
     std::swap(max_rd_atom_, o.max_rd_atom_);
+    std::swap(ud_max_, o.ud_max_);
   }
   /// False for a moved-from (empty) QP.
   [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
@@ -213,6 +214,8 @@ class QueuePair {
   ///@}
   /// The local GID index the QP uses (RoCE, or IB with a GRH).
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
+  /// The local port.
+  [[nodiscard]] std::uint8_t port() const noexcept { return port_; }
 
   // ---- posting ----
   // The one-request posts are always inlined (whatever the optimiser's size heuristics say), so
@@ -315,7 +318,7 @@ class QueuePair {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
     if (state_ == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
       return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
-    return RecvWr::post_chain(wrs, max_recv_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    return RecvWr::post_chain(wrs, max_recv_sge_, type_ == QpType::ud ? 40u : 0u, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_recv(qp_.get(), wr, bad);
     });
   }
@@ -352,7 +355,8 @@ class QueuePair {
   [[nodiscard]] bool passes_(const SendWr& w) const noexcept {
     return w.err_ == 0 && ((allowed_ >> w.key_) & 1u) != 0 &&
            ((w.key_ & SendWr::one_sge_bit) != 0 || static_cast<std::uint32_t>(w.wr_.num_sge) <= max_send_sge_) &&
-           ((w.wr_.send_flags & IBV_SEND_INLINE) == 0 || w.total_ <= max_inline_);
+           ((w.wr_.send_flags & IBV_SEND_INLINE) == 0 || w.total_ <= max_inline_) &&
+           ((w.key_ & SendWr::ud_bit) == 0 || w.total_ <= ud_max_);
   }
   // Request `index` failed passes_(): which check, in the order they are documented.
   [[nodiscard, gnu::cold, gnu::noinline]] PostResult rejected_(const SendWr& w, std::uint32_t index) const noexcept {
@@ -363,9 +367,12 @@ class QueuePair {
     else if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
     else if (w.err_ != 0) e = static_cast<Errc>(w.err_);
     else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
+    else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (w.key_ & SendWr::ud_bit) == 0)
+      e = Errc::ud_needs_address;
     else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
     else if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_send_sge_) e = Errc::too_many_sge;
     else if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) e = Errc::inline_too_large;
+    else if ((w.key_ & SendWr::ud_bit) != 0 && w.total_ > ud_max_) e = Errc::ud_message_too_large;
     return PostResult::rejected(e, index);
   }
   [[nodiscard, gnu::cold, gnu::noinline]] static PostResult device_error_(int rc) noexcept {
@@ -392,6 +399,7 @@ class QueuePair {
   bool ethernet_ = false;
   bool atomics_ = false;             // the device's atomic_cap is not NONE
   std::uint8_t max_init_rd_atom_ = 0, max_rd_atom_ = 0;  // the device's max_qp_init_rd_atom, max_qp_rd_atom
+  std::uint32_t ud_max_ = 0;         // largest UD message: the port's active MTU
 };
 
 /// Exchanges two QueuePairs.

@@ -52,7 +52,7 @@ class SharedReceiveQueue {
   ///@{
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
     if (!srq_) [[unlikely]] return PostResult::rejected(Errc::empty_object, 0);
-    return RecvWr::post_chain(wrs, max_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    return RecvWr::post_chain(wrs, max_sge_, 0, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_srq_recv(srq_.get(), wr, bad);
     });
   }

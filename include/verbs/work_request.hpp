@@ -275,14 +275,18 @@ class RecvWr {
   friend class SharedReceiveQueue;
 
   /// Checks and links a chain, then hands it to `post` (ibv_post_recv or ibv_post_srq_recv).
+  /// `min_bytes`: the room each receive needs (40 for the GRH on UD; 0 otherwise).
   template <typename PostFn>
-  static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, PostFn&& post) noexcept {
+  static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, std::uint32_t min_bytes,
+                               PostFn&& post) noexcept {
     if (wrs.empty()) return {};
     for (std::size_t i = 0; i < wrs.size(); ++i) {
       RecvWr& w = wrs[i];
       if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_sge) [[unlikely]]
         return PostResult::rejected(Errc::too_many_sge, static_cast<std::uint32_t>(i));
       if (w.own_sge_) w.wr_.sg_list = &w.sge_;
+      if (min_bytes != 0 && w.bytes_() < min_bytes) [[unlikely]]
+        return PostResult::rejected(Errc::ud_recv_too_small, static_cast<std::uint32_t>(i));
       w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
     }
     ibv_recv_wr* bad = nullptr;
@@ -293,6 +297,12 @@ class RecvWr {
       return PostResult::device_error(detail::rc_to_errno(rc), at);
     }
     return {};
+  }
+
+  [[nodiscard]] std::uint64_t bytes_() const noexcept {
+    std::uint64_t n = 0;
+    for (int i = 0; i < wr_.num_sge; ++i) n += wr_.sg_list[i].length;
+    return n;
   }
 
   ibv_recv_wr wr_{};

@@ -93,10 +93,11 @@ TEST(QueuePairStub, WrongQpTypeComesBeforeTooManySge) {
   EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::too_many_sge));
 }
 
-TEST(QueuePairStub, UnaddressedSendOnUdIsWrongQpType) {
+TEST(QueuePairStub, UnaddressedSendOnUdSaysItNeedsAnAddressAndRdmaIsWrongQpType) {
   verbs_stub::Provider stub;
   verbs::QueuePair qp = stub.queue_pair({.type = QpType::ud});
-  EXPECT_TRUE(rejected(qp.post_send(kSrc), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(qp.post_send(kSrc), Errc::ud_needs_address));
+  EXPECT_TRUE(rejected(qp.post_send_imm(kSrc, 1), Errc::ud_needs_address));
   EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::wrong_qp_type));
   EXPECT_EQ(stub.posted_sends, 0);
 }
