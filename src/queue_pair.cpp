@@ -35,6 +35,47 @@ std::uint32_t random_psn() {
 
 constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
 
+/// Why ibv_create_qp said EINVAL: the capacity over the device's limit, by name. The inline
+/// size is no device attribute, so it is probed (by creating QPs with less) only on this path.
+std::string explain_einval(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                           const QpOptions& o) {
+  std::string why = "ibv_create_qp";
+  ibv_device_attr_ex dev{};
+  if (ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev) != 0) return why;
+  const ibv_device_attr& a = dev.orig_attr;
+  const auto over = [&](const char* field, std::uint32_t asked, const char* limit, int max) {
+    if (max < 0 || asked <= static_cast<std::uint32_t>(max)) return false;
+    why += std::string(": QpOptions::") + field + " " + std::to_string(asked) + " exceeds the device's " + limit +
+           " " + std::to_string(max);
+    return true;
+  };
+  const bool srq = o.srq != nullptr;
+  if (over("max_send_wr", o.max_send_wr, "max_qp_wr", a.max_qp_wr) ||
+      (!srq && over("max_recv_wr", o.max_recv_wr, "max_qp_wr", a.max_qp_wr)) ||
+      over("max_send_sge", o.max_send_sge, "max_sge", a.max_sge) ||
+      (!srq && over("max_recv_sge", o.max_recv_sge, "max_sge", a.max_sge)))
+    return why;
+  if (o.max_inline_data == 0) return why + " (invalid argument; the capacities are within the device's limits)";
+  // Bisect the largest inline size the device takes with these options.
+  const auto creates = [&](std::uint32_t inline_size) {
+    QpOptions t = o;
+    t.max_inline_data = inline_size;
+    ibv_qp_init_attr init = QueuePair::init_attr(send_cq, recv_cq, t);
+    ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
+    if (qp != nullptr) ibv_destroy_qp(qp);
+    return qp != nullptr;
+  };
+  if (!creates(0)) return why;
+  std::uint32_t lo = 0, hi = o.max_inline_data;  // creates(lo), !creates(hi)
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    (creates(mid) ? lo : hi) = mid;
+  }
+  return why + ": QpOptions::max_inline_data " + std::to_string(o.max_inline_data) +
+         " is over the device's inline limit: at most " + std::to_string(lo) +
+         " here (no device attribute says so; probed, as verbs-info does)";
+}
+
 [[noreturn]] void bad_option(const std::string& what, SourceLocation where) {
   detail::throw_error(make_error_code(Errc::bad_argument), what, where);
 }
@@ -88,7 +129,11 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
   detail::require_not_empty(recv_cq.native_handle() != nullptr, "QueuePair: the receive CompletionQueue", where);
   detail::require_not_empty(o.srq == nullptr || o.srq->native_handle() != nullptr, "QueuePair: QpOptions::srq", where);
   ibv_qp_init_attr init = init_attr(send_cq, recv_cq, o);
-  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp", where);
+  ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
+  if (qp == nullptr) {
+    const int err = errno != 0 ? errno : EIO;
+    detail::throw_errno(err, err == EINVAL ? explain_einval(pd, send_cq, recv_cq, o) : "ibv_create_qp", where);
+  }
   std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
   // Created here so that a failing setup_ below still destroys the QP.
   qp_ = std::shared_ptr<ibv_qp>(
