@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <infiniband/verbs.h>
@@ -45,5 +46,10 @@ inline int poll_ms_until(std::chrono::steady_clock::time_point deadline) noexcep
 PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num);
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
+/// The choice choose_gid makes from a RoCE port's table (the valid entries, any order); empty
+/// when none will do. Preference: RoCE v2 before v1; a routable address before link-local
+/// fe80:: only; the port's own netdev (that of the GID at index 0, derived from its MAC)
+/// before a VLAN or macvlan on it; IPv4-mapped before global IPv6.
+std::optional<GidChoice> choose_roce_gid(const std::vector<GidEntry>& table);
 
 }  // namespace verbs::detail

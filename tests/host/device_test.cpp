@@ -25,6 +25,7 @@
 
 #include "support/expect.hpp"
 #include "support/stub_provider.hpp"
+#include "detail.hpp"
 
 namespace {
 
@@ -264,6 +265,77 @@ TEST(AsyncEvent, ContextIsThatOfTheObjectTheEventConcerns) {
   ev.type = IBV_EVENT_DEVICE_FATAL;
   EXPECT_EQ(ev.context(), nullptr);
   EXPECT_EQ(ev.port(), 0);
+}
+
+}  // namespace
+
+// ---- the GID choice, on tables as RoCE ports have them ----
+namespace {
+
+using verbs::GidEntry;
+using verbs::GidType;
+
+GidEntry gid_entry(std::uint32_t index, const char* text, GidType type, const char* netdev) {
+  GidEntry e;
+  in6_addr a{};
+  EXPECT_EQ(::inet_pton(AF_INET6, text, &a), 1) << text;
+  std::memcpy(e.gid.raw.data(), &a, 16);
+  e.index = index;
+  e.type = type;
+  e.netdev = netdev;
+  return e;
+}
+
+constexpr GidType v1 = GidType::roce_v1;
+constexpr GidType v2 = GidType::roce_v2;
+
+TEST(ChooseGid, Ipv4MappedRoceV2OnTheOwnNetdevFirst) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v1, "eth0"), gid_entry(1, "fe80::1", v2, "eth0"),
+                                                 gid_entry(2, "::ffff:192.0.2.1", v1, "eth0"),
+                                                 gid_entry(3, "::ffff:192.0.2.1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 3u);
+  EXPECT_TRUE(c->reason.starts_with("RoCE v2 with an IPv4-mapped address (routable")) << c->reason;
+}
+
+TEST(ChooseGid, AnIpv6OnlyPortGetsItsGlobalAddressNotLinkLocal) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"), gid_entry(1, "2001:db8::1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.gid.to_string(), "2001:db8::1") << "fe80:: is not routable";
+  EXPECT_TRUE(verbs::test::contains(c->reason, "global IPv6")) << c->reason;
+}
+
+TEST(ChooseGid, ThePortsOwnNetdevComesBeforeAVlanOrMacvlanOnIt) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"),
+                                                 gid_entry(1, "::ffff:10.1.0.1", v2, "eth0.100"),
+                                                 gid_entry(2, "fe80::2", v2, "eth0.100"),
+                                                 gid_entry(3, "::ffff:192.0.2.1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 3u);
+  EXPECT_EQ(c->entry.netdev, "eth0");
+}
+
+TEST(ChooseGid, OnlyAVlanAddressIsTakenAndSaidSo) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"),
+                                                 gid_entry(1, "::ffff:10.1.0.1", v2, "eth0.100")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 1u) << "a routable address on a VLAN beats link-local on the port";
+  EXPECT_TRUE(verbs::test::contains(c->reason, "eth0.100")) << c->reason;
+}
+
+TEST(ChooseGid, LinkLocalOnlyIsTheLastRoceV2ChoiceAndSaysSo) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"), gid_entry(1, "fe80::1", v1, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 0u);
+  EXPECT_TRUE(verbs::test::contains(c->reason, "link-local")) << c->reason;
+}
+
+TEST(ChooseGid, RoceV1OnlyAndNothing) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v1, "eth0"), gid_entry(1, "::ffff:192.0.2.1", v1, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 1u);
+  EXPECT_TRUE(verbs::test::contains(c->reason, "RoCE v1")) << c->reason;
+  EXPECT_FALSE(verbs::detail::choose_roce_gid({}));
 }
 
 }  // namespace
