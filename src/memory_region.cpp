@@ -19,6 +19,11 @@ constexpr std::byte kMagic0{'V'}, kMagic1{'R'}, kVersion{1};
 
 }  // namespace
 
+ibv_mr* detail::empty_mr() noexcept {
+  static ibv_mr empty{};
+  return &empty;
+}
+
 Buffer::Buffer(std::size_t size) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   // Rounding up must not wrap around to a tiny allocation that claims `size` bytes.

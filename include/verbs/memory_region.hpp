@@ -148,6 +148,12 @@ class Buffer {
   std::size_t size_ = 0;
 };
 
+namespace detail {
+/// What a moved-from MemoryRegion points at: a region of no bytes, so that the accessors need
+/// no null test (and compilers see no null pointer in code that offsets data()).
+ibv_mr* empty_mr() noexcept;
+}  // namespace detail
+
 /// A registered memory region (ibv_reg_mr(3)). Move-only; keeps its protection domain alive.
 /// The memory must outlive the region, and every work request that uses it must have completed
 /// before the region is destroyed.
@@ -177,7 +183,8 @@ class MemoryRegion {
                                              SourceLocation where = SourceLocation::current());
 
   /// Move-only: the moved-from region is empty.
-  MemoryRegion(MemoryRegion&&) noexcept = default;
+  MemoryRegion(MemoryRegion&& o) noexcept
+      : buffer_(std::move(o.buffer_)), mr_(std::exchange(o.mr_, empty_handle_())), access_(std::exchange(o.access_, {})) {}
   /// Deregisters the old region before its owned buffer is freed.
   MemoryRegion& operator=(MemoryRegion&& o) noexcept {
     MemoryRegion(std::move(o)).swap(*this);
@@ -199,15 +206,15 @@ class MemoryRegion {
   /// The registered memory (empty for a moved-from region).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
   /// Start of the registered memory (null for a moved-from region).
-  [[nodiscard]] std::byte* data() const noexcept { return mr_ ? static_cast<std::byte*>(mr_->addr) : nullptr; }
+  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
   /// Bytes registered (0 for a moved-from region).
-  [[nodiscard]] std::size_t size() const noexcept { return mr_ ? mr_->length : 0; }
+  [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
   /// Local key, for local slices.
-  [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_ ? mr_->lkey : 0; }
+  [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
   /// Remote key, for the peer (see remote()).
-  [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_ ? mr_->rkey : 0; }
+  [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
   /// False for a moved-from (empty) region.
-  [[nodiscard]] explicit operator bool() const noexcept { return mr_ != nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return mr_.get() != detail::empty_mr(); }
   /// The rights the region was registered with.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
 
@@ -216,7 +223,7 @@ class MemoryRegion {
   [[nodiscard]] LocalSlice slice(std::size_t offset, std::size_t len,
                                  SourceLocation where = SourceLocation::current()) const {
     if (offset > size() || len > size() - offset) [[unlikely]]
-      detail::throw_slice_error(mr_ ? Errc::local_out_of_bounds : Errc::empty_object, offset, len, size(), where);
+      detail::throw_slice_error(*this ? Errc::local_out_of_bounds : Errc::empty_object, offset, len, size(), where);
     if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
       detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
     return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
@@ -236,14 +243,16 @@ class MemoryRegion {
     return {reinterpret_cast<std::uint64_t>(data()), size(), rkey()};  // NOLINT
   }
 
-  /// The C handle.
-  [[nodiscard]] ibv_mr* native_handle() const noexcept { return mr_.get(); }
+  /// The C handle; null for a moved-from region.
+  [[nodiscard]] ibv_mr* native_handle() const noexcept { return *this ? mr_.get() : nullptr; }
 
  private:
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
+  // Owns nothing: aliases the static empty region without a control block.
+  static std::shared_ptr<ibv_mr> empty_handle_() noexcept { return {std::shared_ptr<void>(), detail::empty_mr()}; }
 
   Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
-  std::shared_ptr<ibv_mr> mr_;   // deleter holds the protection domain
+  std::shared_ptr<ibv_mr> mr_ = empty_handle_();  // deleter holds the protection domain
   AccessFlags access_;
 };
 

@@ -107,6 +107,10 @@ struct ConnectOptions {
 /// fails a check (slice bounds, atomic alignment and length, inline size, SGE count, QP type,
 /// QP state) is rejected with nothing posted. Buffers must stay valid, and regions registered,
 /// until the request's completion is polled (or, unsignaled, a later signaled one).
+///
+/// Threads: posts (send and receive) may run on several threads at once, and alongside
+/// query_state(); the state transitions and refresh_state() change what posts read, so they
+/// must not overlap a post on this QP.
 class QueuePair {
  public:
   /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an
