@@ -4,8 +4,13 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
 #include <cstring>
 #include <string>
 
@@ -15,21 +20,32 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-[[noreturn]] void fail(int err, Phase phase, const std::string& text, SourceLocation where = SourceLocation::current()) {
+[[noreturn]] void fail(int err, Phase phase, const std::string& text, SourceLocation where) {
   throw ConnectError(std::error_code(err, std::generic_category()), phase, text, where);
 }
+
+/// now + timeout, saturating: milliseconds::max() (any timeout past the clock's range) means
+/// "as long as it takes", where the plain sum would overflow into the past and return at once.
+Clock::time_point deadline_after(milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now)) return Clock::time_point::max();
+  return now + timeout;
+}
+
+/// A timeout for librdmacm's int milliseconds: at least 1, at most 2^30 (12 days).
+int clamp_ms(milliseconds timeout) { return static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30)); }
 
 int ms_until(Clock::time_point deadline) {
   const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
 }
 
-std::shared_ptr<rdma_event_channel> make_channel(Phase phase) {
+std::shared_ptr<rdma_event_channel> make_channel(Phase phase, SourceLocation where) {
   rdma_event_channel* ch = rdma_create_event_channel();
-  if (ch == nullptr) fail(errno, phase, "rdma_create_event_channel");
+  if (ch == nullptr) fail(errno, phase, "rdma_create_event_channel", where);
   std::shared_ptr<rdma_event_channel> owned(ch, [](rdma_event_channel* c) { rdma_destroy_event_channel(c); });
   const int fl = ::fcntl(ch->fd, F_GETFL);
-  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) fail(errno, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel");
+  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) fail(errno, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel", where);
   return owned;
 }
 
@@ -38,13 +54,13 @@ std::shared_ptr<rdma_cm_id> own_id(rdma_cm_id* id, std::shared_ptr<rdma_event_ch
   return {id, [ch = std::move(ch)](rdma_cm_id* i) { rdma_destroy_id(i); }};
 }
 
-std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase) {
+std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase, SourceLocation where) {
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch.get(), &id, nullptr, RDMA_PS_TCP) != 0) fail(errno, phase, "rdma_create_id");
+  if (rdma_create_id(ch.get(), &id, nullptr, RDMA_PS_TCP) != 0) fail(errno, phase, "rdma_create_id", where);
   return own_id(id, ch);
 }
 
-sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase phase) {
+sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase phase, SourceLocation where) {
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICSERV | (host.empty() ? AI_PASSIVE : 0);
   hints.ai_family = AF_UNSPEC;
@@ -53,7 +69,7 @@ sockaddr_storage to_sockaddr(std::string_view host, std::uint16_t port, Phase ph
   const std::string h(host);
   const std::string p = std::to_string(port);
   if (const int rc = ::getaddrinfo(h.empty() ? nullptr : h.c_str(), p.c_str(), &hints, &res); rc != 0)
-    fail(rc == EAI_SYSTEM ? errno : EINVAL, phase, "cannot resolve '" + h + "': " + ::gai_strerror(rc));
+    fail(rc == EAI_SYSTEM ? errno : EINVAL, phase, "cannot resolve '" + h + "': " + ::gai_strerror(rc), where);
   sockaddr_storage out{};
   std::memcpy(&out, res->ai_addr, std::min<std::size_t>(res->ai_addrlen, sizeof out));
   ::freeaddrinfo(res);
@@ -84,6 +100,9 @@ struct Event {
   int status = 0;
   rdma_cm_id* id = nullptr;
   std::vector<std::byte> private_data;
+  // Of a connection request, from this side's point of view (the kernel swaps the request's
+  // fields): the reads/atomics the peer will have in flight to us, and those it can take from us.
+  std::uint8_t responder_resources = 0, initiator_depth = 0;
 };
 
 /// The next event on `ch`, acknowledged; empty when `deadline` passes first (ec clear) or on
@@ -99,6 +118,10 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
       if (carries_data && ev->param.conn.private_data != nullptr) {
         const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
         e.private_data.assign(p, p + ev->param.conn.private_data_len);
+      }
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        e.responder_resources = ev->param.conn.responder_resources;
+        e.initiator_depth = ev->param.conn.initiator_depth;
       }
       rdma_ack_cm_event(ev);
       return e;
@@ -120,36 +143,51 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
 /// Waits for `wanted` (or `also`, when given) on `ch`; any other event ends the phase with an
 /// error saying which.
 Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::time_point deadline, Phase phase,
-                   std::chrono::milliseconds budget, std::optional<rdma_cm_event_type> also = std::nullopt) {
+                   std::chrono::milliseconds budget, SourceLocation where,
+                   std::optional<rdma_cm_event_type> also = std::nullopt) {
   std::error_code ec;
   std::optional<Event> e = next_event(ch, deadline, ec);
-  if (ec) fail(ec.value(), phase, "rdma_get_cm_event");
+  if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
   if (!e)
-    fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)");
+    fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)", where);
   if (e->type == wanted || (also && e->type == *also)) return std::move(*e);
   const std::string what = std::string(rdma_event_str(e->type)) + " (status " + std::to_string(e->status) + ")";
   switch (e->type) {
     case RDMA_CM_EVENT_REJECTED:
-      fail(ECONNREFUSED, phase,
-           e->status == 8 ? "rejected: no listener on that port (" + what + ")" : "rejected by the peer (" + what + ")");
-    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")");
+      // The status is the IB CM reject reason (8: invalid service ID, nothing listens there).
+      throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), phase,
+                         e->status == 8 ? "rejected: no listener on that port (" + what + ")"
+                                        : "rejected by the peer (" + what +
+                                              "; its private data, if any, is in ConnectError::private_data())",
+                         e->status, e->private_data, where);
+    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")", where);
     case RDMA_CM_EVENT_ADDR_ERROR:
       fail(e->status == -ENODEV ? ENODEV : (e->status < 0 ? -e->status : EHOSTUNREACH), phase,
-           "address resolution failed (" + what + ")");
+           "address resolution failed (" + what + ")", where);
     case RDMA_CM_EVENT_ROUTE_ERROR:
-      fail(e->status < 0 ? -e->status : ENETUNREACH, phase, "route resolution failed (" + what + ")");
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")");
-    default: fail(ECONNABORTED, phase, "unexpected " + what);
+      fail(e->status < 0 ? -e->status : ENETUNREACH, phase, "route resolution failed (" + what + ")", where);
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")", where);
+    default: fail(ECONNABORTED, phase, "unexpected " + what, where);
   }
 }
 
-std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase) {
+/// Checks of the options that need no device, made before anything is sent or waited for.
+void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where) {
+  constexpr AccessFlags remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
+  if (o.expose && (o.qp.access & remote).value() == 0)
+    fail(EINVAL, phase,
+         "ConnectionOptions::expose hands the peer a buffer, but the QP grants it no remote right "
+         "(QpOptions::access is empty): set .qp.access to what the peer may do with it, e.g. Access::remote_read; "
+         "nothing was sent", where);
+}
+
+std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase, SourceLocation where) {
   const std::size_t extra = o.expose ? RemoteSlice::wire_size : 0;
   if (o.private_data.size() + extra > limit)
     fail(EMSGSIZE, phase,
          "private data of " + std::to_string(o.private_data.size()) + " bytes" +
              (extra != 0 ? " plus the 24-byte exposed slice" : "") + " exceeds the limit of " + std::to_string(limit) +
-             " bytes; nothing was sent");
+             " bytes; nothing was sent", where);
   std::vector<std::byte> out;
   if (o.expose) {
     const RemoteSlice::Wire w = o.expose->encode();
@@ -159,13 +197,24 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
   return out;
 }
 
-rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev) {
+/// The connection parameters of a connect, or (with the request) of an accept: the depths of
+/// the options, capped by the device and, answering a request, by what the request offers
+/// (rdma_accept(3)): never more reads in flight than the peer can take, nor more resources
+/// than it will use. Without that, a peer whose device has a smaller max_qp_rd_atom fails RTR.
+rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev,
+                           const Event* request = nullptr) {
   rdma_conn_param p{};
   p.private_data = data.empty() ? nullptr : data.data();
   p.private_data_len = static_cast<std::uint8_t>(data.size());
   const ibv_device_attr& a = dev.attributes().orig_attr;
-  p.responder_resources = static_cast<std::uint8_t>(std::min<int>(o.responder_resources, a.max_qp_rd_atom));
-  p.initiator_depth = static_cast<std::uint8_t>(std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom));
+  int responder = std::min<int>(o.responder_resources, a.max_qp_rd_atom);
+  int initiator = std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom);
+  if (request != nullptr) {
+    responder = std::min<int>(responder, request->responder_resources);
+    initiator = std::min<int>(initiator, request->initiator_depth);
+  }
+  p.responder_resources = static_cast<std::uint8_t>(responder);
+  p.initiator_depth = static_cast<std::uint8_t>(initiator);
   p.retry_count = std::min<std::uint8_t>(o.retry_count, 7);
   p.rnr_retry_count = std::min<std::uint8_t>(o.rnr_retry_count, 7);
   return p;
@@ -194,69 +243,153 @@ std::string_view to_string(Phase p) noexcept {
 ConnectError::ConnectError(std::error_code code, Phase phase, std::string_view context, SourceLocation where)
     : Error(code, "rdma_cm " + std::string(to_string(phase)) + ": " + std::string(context), where), phase_(phase) {}
 
+ConnectError::ConnectError(std::error_code code, Phase phase, std::string_view context, int status,
+                           std::span<const std::byte> private_data, SourceLocation where)
+    : ConnectError(code, phase, context, where) {
+  status_ = status;
+  if (!private_data.empty())
+    private_data_ = std::make_shared<const std::vector<std::byte>>(private_data.begin(), private_data.end());
+}
+
+Reject::Reject(std::span<const std::byte> private_data, const std::string& why) : std::runtime_error(why) {
+  if (private_data.size() > max_reject_private_data)
+    throw std::length_error("cm::Reject: " + std::to_string(private_data.size()) + " bytes of private data exceed the " +
+                            std::to_string(max_reject_private_data) + "-byte limit of a reject");
+  data_ = std::make_shared<const std::vector<std::byte>>(private_data.begin(), private_data.end());
+}
+
 // ---------------------------------------------------------------------------------------------
 struct Connection::Impl {
   std::shared_ptr<rdma_event_channel> channel;
   std::shared_ptr<rdma_cm_id> id;
   std::optional<Device> device;
-  std::optional<ProtectionDomain> own_pd;
-  const ProtectionDomain* pd = nullptr;
-  std::optional<CompletionQueue> own_send_cq, own_recv_cq;
-  CompletionQueue* send_cq = nullptr;
-  CompletionQueue* recv_cq = nullptr;
+  // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
+  // recv_cq): the caller's objects may be moved or destroyed while the connection lives.
+  std::optional<ProtectionDomain> pd;
+  std::optional<CompletionQueue> send_cq, recv_cq;
   std::optional<QueuePair> qp;
   std::vector<std::byte> peer_private;
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
+  // Completions exchange() polled that were not its own, in CQ order, for wait() to return.
+  // Guarded by held_mutex; any_held lets wait() skip the lock when there are none.
+  std::mutex held_mutex;
+  std::vector<std::pair<const ibv_cq*, Completion>> held;
+  std::atomic<bool> any_held{false};
+  // Regions of failed exchange()s whose requests may still be posted: kept until the QP goes.
+  std::vector<MemoryRegion> retired;
+  // Set while connecting or accepting, before the Connection is handed out; read-only after.
   bool established = false;
-  bool settled = false;       // settle_qp done
-  bool disconnected = false;  // rdma_disconnect called
-  bool peer_gone = false;
-  unsigned spins = 0;
+  bool settled = false;  // settle_qp done
+  // What the events have told, written by whichever thread reads them (wait() and
+  // poll_events() may run in several threads at once, e.g. one per CQ): atomics.
+  std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
+  std::atomic<bool> peer_gone{false};
+  std::atomic<bool> device_removed{false};   // DEVICE_REMOVAL: over, but not the peer's doing
+  std::atomic<bool> address_changed{false};  // ADDR_CHANGE seen
+  // Eventfds made readable (and left so) once the connection is over (over_fd), and once the
+  // peer or the device ended it (gone_fd): every thread asleep in wait() polls over_fd, and in
+  // wait_disconnected() gone_fd, so the thread that read the ending event (or disconnect()ed)
+  // wakes the others (the cm channel is readable for one reader only, and a CQ with nothing
+  // posted never wakes). wait_disconnected() after our own disconnect() waits for the peer's
+  // answer: over_fd, readable already, would make it spin.
+  int over_fd = -1;
+  int gone_fd = -1;
 
   ~Impl() {
     if (established && !disconnected) rdma_disconnect(id.get());
-    qp.reset();  // before the CQs, PD and id it uses
+    qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
+    if (over_fd >= 0) ::close(over_fd);
+    if (gone_fd >= 0) ::close(gone_fd);
+  }
+
+  /// Makes over_fd readable (and gone_fd once the peer or the device ended the connection),
+  /// waking every thread that waits on this connection.
+  void wake_all() noexcept {
+    const std::uint64_t one = 1;
+    if (over_fd >= 0) (void)!::write(over_fd, &one, sizeof one);
+    if ((peer_gone || device_removed) && gone_fd >= 0) (void)!::write(gone_fd, &one, sizeof one);
+  }
+
+  /// Holds a completion exchange() polled that was not its own.
+  void hold(const CompletionQueue& cq, const Completion& wc) {
+    const std::lock_guard lock(held_mutex);
+    held.emplace_back(cq.native_handle(), wc);
+    any_held.store(true, std::memory_order_release);
+  }
+
+  /// Moves completions held for `cq` into `out`; what was moved.
+  std::span<Completion> take_held(const CompletionQueue& cq, std::span<Completion> out) noexcept {
+    const std::lock_guard lock(held_mutex);
+    std::size_t n = 0;
+    for (auto it = held.begin(); it != held.end() && n < out.size();) {
+      if (it->first == cq.native_handle()) {
+        out[n++] = it->second;
+        it = held.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    any_held.store(!held.empty(), std::memory_order_release);
+    return out.first(n);
   }
 
   /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device.
-  void build(const ConnectionOptions& o, Phase phase) {
+  void build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
     ibv_context* ctx = id->verbs;
-    if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address");
+    if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
+    over_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    gone_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (over_fd < 0 || gone_fd < 0) fail(errno, phase, "eventfd", where);
     device.emplace(device_of(id));
-    const auto check_same = [&](ibv_context* other, const char* what) {
-      if (other != ctx)
+    const auto check_same = [&](const auto* given, const char* what) {
+      if (given->native_handle() == nullptr)
+        fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
+      if (given->native_handle()->context != ctx)
         fail(EINVAL, phase,
              std::string(what) + " is on another device context than the connection (" + device->name() +
-                 "): make it from cm::device_for() or Listener::device()");
+                 "): make it from cm::device_for() or Listener::device()", where);
     };
     if (o.pd != nullptr) {
-      check_same(o.pd->native_handle()->context, "ConnectionOptions::pd");
-      pd = o.pd;
+      check_same(o.pd, "ConnectionOptions::pd");
+      pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle(), where));
     } else {
-      pd = &own_pd.emplace(*device);
+      pd.emplace(*device, where);
     }
     const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
-    if (o.send_cq != nullptr) check_same(o.send_cq->native_handle()->context, "ConnectionOptions::send_cq");
-    if (o.recv_cq != nullptr) check_same(o.recv_cq->native_handle()->context, "ConnectionOptions::recv_cq");
-    send_cq = o.send_cq != nullptr ? o.send_cq : &own_send_cq.emplace(*device, cqo);
-    recv_cq = o.recv_cq != nullptr ? o.recv_cq : &own_recv_cq.emplace(*device, cqo);
-    if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)");
+    if (o.send_cq != nullptr) check_same(o.send_cq, "ConnectionOptions::send_cq");
+    if (o.recv_cq != nullptr) check_same(o.recv_cq, "ConnectionOptions::recv_cq");
+    if (o.send_cq != nullptr)
+      send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
+    else
+      send_cq.emplace(*device, cqo, where);
+    if (o.recv_cq != nullptr)
+      recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
+    else
+      recv_cq.emplace(*device, cqo, where);
+    if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
+    if (o.qp.srq != nullptr) {
+      check_same(o.qp.srq, "QpOptions::srq");
+      if (o.qp.srq->native_handle()->pd != pd->native_handle())
+        fail(EINVAL, phase,
+             "QpOptions::srq is on another protection domain than the connection's (receives would fail at the "
+             "first message): make the SRQ on the PD given as ConnectionOptions::pd", where);
+    }
 
     QpOptions q = o.qp;
     q.port = id->port_num;
     ibv_qp_init_attr init = QueuePair::init_attr(*send_cq, *recv_cq, q);
-    if (rdma_create_qp(id.get(), pd->native_handle(), &init) != 0) fail(errno, phase, "rdma_create_qp");
+    if (rdma_create_qp(id.get(), pd->native_handle(), &init) != 0) fail(errno, phase, "rdma_create_qp", where);
     std::shared_ptr<ibv_srq> srq = q.srq != nullptr ? q.srq->shared_handle() : nullptr;
     std::shared_ptr<ibv_qp> raw(id->qp, [id_ = id, p = pd->shared_handle(), s = send_cq->shared_handle(),
                                          r = recv_cq->shared_handle(), srq](ibv_qp*) { rdma_destroy_qp(id_.get()); });
     qp.emplace(QueuePair::adopt(std::move(raw), q, init.cap, QpState::init));  // rdma_create_qp leaves it in INIT
-    (void)qp->refresh_state();
+    (void)qp->refresh_state(where);
     access = o.qp.access;
 
     std::uint8_t t = o.ack_timeout;
     if (rdma_set_option(id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) != 0)
-      fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)");
+      fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)", where);
   }
 
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
@@ -272,25 +405,26 @@ struct Connection::Impl {
   }
 
   /// Once the QP is in RTS: take back the remote rights rdma_cm granted on it that the options
-  /// did not ask for, and shorten its RNR timer.
-  void settle_qp(Phase phase) {
-    // rdma_cm leaves min_rnr_timer at 0, which means 655 ms: a send that arrives just before
-    // the peer posts its receive would stall that long. 12 is 0.64 ms, as in the core.
+  /// did not ask for, and set its RNR timer to the core's default.
+  void settle_qp(Phase phase, SourceLocation where) {
+    // rdma_cm leaves min_rnr_timer at 0, which the specification makes 655 ms. The
+    // connection follows the core's default instead (verbs::ConnectOptions::min_rnr_timer),
+    // whose budget with rnr_retry_count retries is documented there.
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTS;
     a.qp_access_flags = static_cast<unsigned>(access.value());
-    a.min_rnr_timer = 12;
+    a.min_rnr_timer = verbs::ConnectOptions{}.min_rnr_timer;
     if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
         rc != 0)
-      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
-    (void)qp->refresh_state();
+      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)", where);
+    (void)qp->refresh_state(where);
     settled = true;
   }
 
   /// After ESTABLISHED (the client's QP reaches RTS only then).
-  void on_established(Phase phase) {
+  void on_established(Phase phase, SourceLocation where) {
     established = true;
-    if (!settled) settle_qp(phase);
+    if (!settled) settle_qp(phase, where);
   }
 
   /// Reads pending events without blocking, and notes a disconnect (or device removal).
@@ -299,16 +433,23 @@ struct Connection::Impl {
     for (;;) {
       std::optional<Event> e = next_event(channel.get(), Clock::time_point{}, ec);
       if (!e) return;
-      if (e->type == RDMA_CM_EVENT_DISCONNECTED || e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) peer_gone = true;
+      if (e->type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
+      if (e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
+      if (e->type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
+      if (over()) wake_all();
     }
   }
 
-  /// After the peer left: disconnect our side too, which moves the QP to ERR and flushes what
-  /// is still posted (rxe leaves the QP in RTS otherwise, and a receive would wait forever).
+  /// The connection is over: the peer left, the device went, or this side disconnected.
+  [[nodiscard]] bool over() const noexcept { return peer_gone || device_removed || disconnected; }
+
+  /// After the peer left (or the device went): disconnect our side too, which moves the QP to
+  /// ERR and flushes what is still posted (rxe leaves the QP in RTS otherwise, and a receive
+  /// would wait forever).
   void settle() noexcept {
-    if (peer_gone && !disconnected) {
-      rdma_disconnect(id.get());
-      disconnected = true;
+    if ((peer_gone || device_removed) && !disconnected.exchange(true)) {
+      rdma_disconnect(id.get());  // once, whichever thread gets here first
+      wake_all();
     }
   }
 };
@@ -325,72 +466,157 @@ CompletionQueue& Connection::recv_cq() noexcept { return *impl_->recv_cq; }
 QueuePair& Connection::qp() noexcept { return *impl_->qp; }
 std::span<const std::byte> Connection::peer_private_data() const noexcept { return impl_->peer_private; }
 const std::optional<RemoteSlice>& Connection::peer_remote() const noexcept { return impl_->peer_remote; }
-RemoteSlice Connection::remote() const {
-  if (!impl_->peer_remote) fail(EPROTO, Phase::established, "the peer exposed no buffer (ConnectionOptions::expose)");
+RemoteSlice Connection::remote(SourceLocation where) const {
+  if (!impl_->peer_remote) fail(EPROTO, Phase::established, "the peer exposed no buffer (ConnectionOptions::expose)", where);
   return *impl_->peer_remote;
 }
-RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout) {
-  constexpr std::uint64_t kExchange = 0x7665726273786368;  // "verbsxch"
+RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, SourceLocation where) {
   constexpr std::size_t n = RemoteSlice::wire_size;
-  const auto deadline = Clock::now() + timeout;
-  auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write);
+  Impl& c = *impl_;
+  const auto deadline = deadline_after(timeout);
+  auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write, where);
   const RemoteSlice::Wire w = mine.encode();
   std::memcpy(mr.data(), w.data(), n);
-  qp().post_recv(mr.slice(n, n), kExchange).check();
-  qp().post_send(mr.slice(0, n), {.wr_id = kExchange}).check();
-  for (CompletionQueue* cq : {impl_->recv_cq, impl_->send_cq}) {
-    const auto wc = wait_one(*cq, std::chrono::duration_cast<milliseconds>(
-                                      std::max(Clock::duration::zero(), deadline - Clock::now())));
-    if (!wc) fail(ETIMEDOUT, Phase::established, "exchange: the peer did not answer within " +
-                                                     std::to_string(timeout.count()) + " ms");
-    wc->throw_if_failed();
+  qp().post_recv(mr.slice(n, n), exchange_wr_id).check(where);
+  bool received = false, sent = false;
+  // Until both requests have completed, the region must stay registered, whatever is thrown.
+  struct Retire {
+    Impl& c;
+    MemoryRegion& mr;
+    const bool& done;
+    ~Retire() {
+      if (!done) c.retired.push_back(std::move(mr));
+    }
+  };
+  bool done = false;
+  const Retire retire{c, mr, done};
+  qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check(where);
+  const std::uint32_t qpn = qp().qp_num();
+  std::array<Completion, 16> got;
+  while (!received || !sent) {
+    // The receive first: the send's completion is there by the time the peer's message is.
+    CompletionQueue& cq = !received ? *c.recv_cq : *c.send_cq;
+    const auto left = std::chrono::ceil<milliseconds>(std::max(Clock::duration::zero(), deadline - Clock::now()));
+    std::error_code ec;
+    const auto wcs = wait_cq(cq, got, left, ec);
+    if (ec)
+      fail(ec.value(), Phase::established,
+           ec.value() == ECONNRESET ? "exchange: the peer disconnected"
+           : ec.value() == ENODEV   ? "exchange: the RDMA device was removed"
+                                    : "exchange: waiting for completions", where);
+    if (wcs.empty())
+      fail(ETIMEDOUT, Phase::established,
+           "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
+    std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
+    for (const Completion& wc : wcs) {
+      if (wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn) {
+        wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
+        (wc.opcode() == WcOpcode::recv ? received : sent) = true;
+      } else {
+        c.hold(cq, wc);
+        if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
+      }
+    }
+    if (taken && !received)
+      fail(EPROTO, Phase::established,
+           "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
+               std::to_string(*taken) +
+               "; its completion is kept for wait()): call exchange() before posting receives (not in "
+               "before_handshake), or hand the buffer over with ConnectionOptions::expose", where);
   }
-  return RemoteSlice::decode(mr.bytes().subspan(n, n));
+  done = true;
+  return RemoteSlice::decode(mr.bytes().subspan(n, n), where);
 }
 
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
 std::string Connection::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
 bool Connection::connected() const noexcept {
-  return impl_->established && !impl_->disconnected && !impl_->peer_gone;
+  return impl_->established && !impl_->over();
 }
+bool Connection::address_changed() const noexcept { return impl_->address_changed; }
 int Connection::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
 
-bool Connection::poll_events() {
+bool Connection::poll_events(SourceLocation where) {
   std::error_code ec;
   impl_->pump(ec);
-  if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event");
+  if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event", where);
   impl_->settle();
-  return !impl_->peer_gone;
+  return !impl_->peer_gone && !impl_->device_removed;
 }
 
-void Connection::disconnect() {
-  if (!impl_->established || impl_->disconnected) return;
-  impl_->disconnected = true;
-  if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect");
+bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) noexcept {
+  Impl& c = *impl_;
+  const auto deadline = deadline_after(timeout);
+  for (;;) {
+    if (c.pump(ec), ec) return false;
+    if (c.peer_gone || c.device_removed) {
+      c.settle();
+      return true;
+    }
+    const int left = ms_until(deadline);
+    if (left <= 0) return false;
+    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {c.gone_fd, POLLIN, 0}};
+    if (::poll(fds, 2, left) < 0 && errno != EINTR) {
+      ec.assign(errno, std::generic_category());
+      return false;
+    }
+  }
+}
+
+bool Connection::wait_disconnected(milliseconds timeout, SourceLocation where) {
+  std::error_code ec;
+  const bool over = wait_disconnected(timeout, ec);
+  if (ec) fail(ec.value(), Phase::established, "waiting for the disconnect: rdma_get_cm_event", where);
+  return over;
+}
+
+void Connection::disconnect(SourceLocation where) {
+  if (!impl_->established || impl_->disconnected.exchange(true)) return;
+  impl_->wake_all();  // threads in wait() now fail with ENOTCONN
+  if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect", where);
 }
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
+  ec.clear();
+  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
+    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
+  }
+  return wait_cq(cq, out, timeout, ec);
+}
+
+std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       std::error_code& ec) noexcept {
+  ec.clear();
+  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
+    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
+  }
+  return wait_cq(cq, out, timeout, ec, true);
+}
+
+std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                          std::error_code& ec, bool busy) noexcept {
   Impl& c = *impl_;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   // Completions in the CQ always come first. When the connection is over, the CQ is polled
   // once more (a completion can land between a poll and the event that ends the connection:
   // the peer saw our ACK, then left); only then does our side disconnect, flushing what is
   // still posted, and the wait fails.
-  const auto closed = [&]() { return c.peer_gone || c.disconnected; };
+  const auto closed = [&]() { return c.over(); };
   const auto finish = [&]() -> std::span<Completion> {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
     c.settle();
-    ec.assign(c.peer_gone ? ECONNRESET : ENOTCONN, std::generic_category());
+    ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
     return {};
   };
+  unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   for (bool first = true;; first = false) {
     if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
-    if (!cq.has_channel()) {
+    if (busy || !cq.has_channel()) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
-      if ((++c.spins & 1023u) == 0 || (first && closed())) {
+      if ((++spins & 1023u) == 0 || (first && closed())) {
         if (c.pump(ec), ec) return {};
         if (closed()) return finish();
       }
@@ -401,8 +627,8 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
     if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
-    pollfd fds[2] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}};
-    if (::poll(fds, 2, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
+    pollfd fds[3] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}};
+    if (::poll(fds, 3, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
     }
@@ -411,55 +637,68 @@ std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion
   }
 }
 
-std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout) {
+std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       SourceLocation where) {
+  return wait_or_throw(cq, out, timeout, false, where);
+}
+
+std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                       SourceLocation where) {
+  return wait_or_throw(cq, out, timeout, true, where);
+}
+
+std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+                                                bool busy, SourceLocation where) {
   std::error_code ec;
-  auto got = wait(cq, out, timeout, ec);
+  auto got = busy ? spin(cq, out, timeout, ec) : wait(cq, out, timeout, ec);
   if (ec)
     fail(ec.value(), Phase::established,
          ec.value() == ECONNRESET   ? "the peer disconnected"
+         : ec.value() == ENODEV     ? "the RDMA device was removed (DEVICE_REMOVAL)"
          : ec.value() == ENOTCONN   ? "the connection was closed on this side"
-                                    : "waiting for completions");
+                                    : "waiting for completions", where);
   return got;
 }
 
 // ---------------------------------------------------------------------------------------------
-Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o) {
-  const auto deadline = Clock::now() + o.timeout;
-  const auto step_deadline = [&] { return std::min(deadline, Clock::now() + o.resolve_timeout); };
-  const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect);
+Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o, SourceLocation where) {
+  const auto deadline = deadline_after(o.timeout);
+  const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
+  const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect, where);
+  check_options(o.connection, Phase::connect, where);
 
   auto c = std::make_unique<Connection::Impl>();
-  c->channel = make_channel(Phase::resolve_address);
-  c->id = make_id(c->channel, Phase::resolve_address);
+  c->channel = make_channel(Phase::resolve_address, where);
+  c->id = make_id(c->channel, Phase::resolve_address, where);
 
-  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address);
+  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
   sockaddr_storage src{};
-  if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address);
+  if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address, where);
   const std::string target = std::string(host) + ":" + std::to_string(port);
-  const int resolve_ms = std::max(1, std::min(ms_until(deadline), static_cast<int>(o.resolve_timeout.count())));
+  const int resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
   if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
                         reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
     const int err = errno;
     fail(err, Phase::resolve_address,
-         target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"));
+         target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"), where);
   }
   try {
     (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ADDR_RESOLVED, step_deadline(), Phase::resolve_address,
-                       o.resolve_timeout);
+                       o.resolve_timeout, where);
   } catch (const ConnectError& e) {
-    fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2));
+    fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
   }
-  if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route");
+  if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
   (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, step_deadline(), Phase::resolve_route,
-                     o.resolve_timeout);
+                     o.resolve_timeout, where);
 
-  c->build(o.connection, Phase::connect);
+  c->build(o.connection, Phase::connect, where);
   if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
   rdma_conn_param p = conn_param(o.connection, data, *c->device);
-  if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect");
-  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout);
+  if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
+  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout, where);
   c->take_private_data(std::move(e.private_data));
-  c->on_established(Phase::connect);
+  c->on_established(Phase::connect, where);
   return Connection(std::move(c));
 }
 
@@ -474,25 +713,25 @@ std::optional<Connection> connect(std::string_view host, std::uint16_t port, con
   }
 }
 
-Device device_for(std::string_view local_address) {
-  auto ch = make_channel(Phase::listen);
-  auto id = make_id(ch, Phase::listen);
-  sockaddr_storage a = to_sockaddr(local_address, 0, Phase::listen);
+Device device_for(std::string_view local_address, SourceLocation where) {
+  auto ch = make_channel(Phase::listen, where);
+  auto id = make_id(ch, Phase::listen, where);
+  sockaddr_storage a = to_sockaddr(local_address, 0, Phase::listen, where);
   if (rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")");
-  if (id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address));
+    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")", where);
+  if (id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address), where);
   return device_of(id);
 }
 
-Device device_to(std::string_view host, milliseconds timeout) {
-  auto ch = make_channel(Phase::resolve_address);
-  auto id = make_id(ch, Phase::resolve_address);
-  sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address);
-  const int ms = static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30));
+Device device_to(std::string_view host, milliseconds timeout, SourceLocation where) {
+  auto ch = make_channel(Phase::resolve_address, where);
+  auto id = make_id(ch, Phase::resolve_address, where);
+  sockaddr_storage dst = to_sockaddr(host, 0, Phase::resolve_address, where);
+  const int ms = clamp_ms(timeout);
   if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst), ms) != 0)  // NOLINT
-    fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr");
-  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, Clock::now() + timeout, Phase::resolve_address, timeout);
-  if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host));
+    fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr", where);
+  (void)expect_event(ch.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline_after(timeout), Phase::resolve_address, timeout, where);
+  if (id->verbs == nullptr) fail(ENODEV, Phase::resolve_address, "no RDMA device reaches " + std::string(host), where);
   return device_of(id);
 }
 
@@ -502,21 +741,23 @@ struct Listener::Impl {
   std::shared_ptr<rdma_cm_id> id;
   std::string address;
   std::uint16_t port = 0;
+  milliseconds handshake_timeout{};
 };
 
-Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options)
+Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options, SourceLocation where)
     : impl_(std::make_unique<Impl>()) {
-  impl_->channel = make_channel(Phase::listen);
-  impl_->id = make_id(impl_->channel, Phase::listen);
+  impl_->channel = make_channel(Phase::listen, where);
+  impl_->id = make_id(impl_->channel, Phase::listen, where);
   impl_->address = address;
-  sockaddr_storage a = to_sockaddr(address, port, Phase::listen);
-  const std::string where = std::string(address) + ":" + std::to_string(port);
+  impl_->handshake_timeout = options.handshake_timeout;
+  sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
+  const std::string bound = std::string(address) + ":" + std::to_string(port);
   if (rdma_bind_addr(impl_->id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + where + ")");
+    fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
   const bool wildcard = address.empty() || address == "0.0.0.0" || address == "::";
   if (!wildcard && impl_->id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address));
-  if (rdma_listen(impl_->id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + where + ")");
+    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
+  if (rdma_listen(impl_->id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + bound + ")", where);
   impl_->port = ntohs(rdma_get_src_port(impl_->id.get()));
 }
 
@@ -528,48 +769,60 @@ std::uint16_t Listener::port() const noexcept { return impl_->port; }
 int Listener::fd() const noexcept { return impl_->channel->fd; }
 rdma_cm_id* Listener::native_handle() const noexcept { return impl_->id.get(); }
 
-Device Listener::device() const {
+Device Listener::device(SourceLocation where) const {
   if (impl_->id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "a listener on a wildcard address has no single device: use cm::device_for(address)");
-  return device_for(impl_->address);
+    fail(ENODEV, Phase::listen, "a listener on a wildcard address has no single device: use cm::device_for(address)", where);
+  return device_for(impl_->address, where);
 }
 
-Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
-  const auto deadline = Clock::now() + timeout;
-  const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept);
+Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
+  const auto deadline = deadline_after(timeout);
+  const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
+  check_options(o, Phase::accept, where);
   for (;;) {
     std::error_code ec;
     std::optional<Event> req = next_event(impl_->channel.get(), deadline, ec);
-    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event");
-    if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms");
+    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+    if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
+    if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
+      fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;  // nothing else concerns a listener
 
+    // A request is taken: from here the client is answered, and waiting for it to confirm gets
+    // its own budget. Ending on `deadline` would destroy a connection the client already has
+    // (accept(0ms) from an event loop would always do so).
+    const milliseconds budget = impl_->handshake_timeout;
+    const auto handshake_deadline = deadline_after(budget);
     auto c = std::make_unique<Connection::Impl>();
-    c->channel = make_channel(Phase::accept);
+    c->channel = make_channel(Phase::accept, where);
     c->id = own_id(req->id, c->channel);
     // Its own channel makes the connection independent of the listener and of the others.
-    if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id");
+    if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id", where);
     try {
-      c->build(o, Phase::accept);
+      c->build(o, Phase::accept, where);
       c->take_private_data(std::move(req->private_data));
       if (o.before_handshake) o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private});
+    } catch (const Reject& r) {
+      const auto d = r.private_data();
+      rdma_reject(c->id.get(), d.empty() ? nullptr : d.data(), static_cast<std::uint8_t>(d.size()));
+      throw;
     } catch (...) {
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
     }
-    rdma_conn_param p = conn_param(o, data, *c->device);
-    if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept");
+    rdma_conn_param p = conn_param(o, data, *c->device, &*req);
+    if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept", where);
     // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
     // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
     // the QP now, not then.
-    if (c->qp->refresh_state() == QpState::rts) c->settle_qp(Phase::accept);
+    if (c->qp->refresh_state(where) == QpState::rts) c->settle_qp(Phase::accept, where);
     // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
     // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
-    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::accept, timeout,
-                                 RDMA_CM_EVENT_DISCONNECTED);
-    c->on_established(Phase::accept);
+    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, handshake_deadline, Phase::accept,
+                                 budget, where, RDMA_CM_EVENT_DISCONNECTED);
+    c->on_established(Phase::accept, where);
     if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
     return Connection(std::move(c));
   }

@@ -8,4 +8,11 @@ ProtectionDomain::ProtectionDomain(const Device& device, SourceLocation where) {
   pd_ = std::shared_ptr<ibv_pd>(pd, [ctx = device.shared_handle()](ibv_pd* p) { ibv_dealloc_pd(p); });
 }
 
+ProtectionDomain ProtectionDomain::adopt(std::shared_ptr<ibv_pd> pd, SourceLocation where) {
+  if (!pd) detail::throw_error(make_error_code(Errc::bad_argument), "ProtectionDomain::adopt: no PD", where);
+  ProtectionDomain p;
+  p.pd_ = std::move(pd);
+  return p;
+}
+
 }  // namespace verbs

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -35,7 +36,8 @@ enum class Phase : std::uint8_t { resolve_address, resolve_route, connect, liste
 /// The phase's name, e.g. "route resolution".
 std::string_view to_string(Phase p) noexcept;
 
-/// A failure of the connection layer: an Error that also says in which phase it happened. The
+/// A failure of the connection layer: an Error that also says in which phase it happened, and,
+/// as every error of the library, the caller's line (where()). The
 /// code is a generic errno: ETIMEDOUT (a deadline of ours passed), ECONNREFUSED (rejected, e.g.
 /// no listener), EHOSTUNREACH (unreachable), ENODEV (no RDMA device for that address),
 /// ECONNRESET (the peer disconnected), EMSGSIZE (private data over the limit), or the errno of
@@ -45,11 +47,26 @@ class ConnectError : public Error {
   /// An error `code` in `phase`; `context` says what failed (what() adds phase and location).
   ConnectError(std::error_code code, Phase phase, std::string_view context,
                SourceLocation where = SourceLocation::current());
+  /// As above, for a failure an rdma_cm event reported: its `status` and the private data it
+  /// carried (a REJECTED event: the rejecting side's reason, see Reject).
+  ConnectError(std::error_code code, Phase phase, std::string_view context, int status,
+               std::span<const std::byte> private_data, SourceLocation where = SourceLocation::current());
   /// The phase that failed.
   [[nodiscard]] Phase phase() const noexcept { return phase_; }
+  /// The status of the rdma_cm event that ended the phase, 0 without one. For REJECTED on
+  /// InfiniBand and RoCE, the IB CM reject reason: 28 (consumer defined) when the peer
+  /// rejected (e.g. with Reject), 8 (invalid service ID) when nothing listens on the port.
+  [[nodiscard]] int status() const noexcept { return status_; }
+  /// The private data of that event, empty without one; for REJECTED, the rejecting side's
+  /// (zero-padded by the transport to its field: encode your own length).
+  [[nodiscard]] std::span<const std::byte> private_data() const noexcept {
+    return private_data_ ? std::span<const std::byte>(*private_data_) : std::span<const std::byte>{};
+  }
 
  private:
   Phase phase_;
+  int status_ = 0;
+  std::shared_ptr<const std::vector<std::byte>> private_data_;  // shared: exceptions copy
 };
 
 /// Private-data limit of a connect (RC over the IB CM: InfiniBand and RoCE), after rdma_cm's
@@ -57,6 +74,23 @@ class ConnectError : public Error {
 inline constexpr std::size_t max_connect_private_data = 56;
 /// Private-data limit of an accept, as above.
 inline constexpr std::size_t max_accept_private_data = 196;
+/// Private-data limit of a reject, as above.
+inline constexpr std::size_t max_reject_private_data = 148;
+
+/// Thrown from ConnectionOptions::before_handshake to refuse a connection request with a reason:
+/// accept() rejects the request with this private data (rdma_reject(3)), which the client's
+/// ConnectError::private_data() then gives (ECONNREFUSED, status() 28), and rethrows the Reject.
+class Reject : public std::runtime_error {
+ public:
+  /// A rejection carrying `private_data` (copied); `why` is what() on the server. Throws
+  /// std::length_error for more than max_reject_private_data bytes.
+  explicit Reject(std::span<const std::byte> private_data, const std::string& why = "connection request rejected");
+  /// The private data the client receives.
+  [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return *data_; }
+
+ private:
+  std::shared_ptr<const std::vector<std::byte>> data_;
+};
 
 /// What ConnectionOptions::before_handshake is given.
 struct Handshake {
@@ -69,15 +103,26 @@ struct Handshake {
 
 /// What each side sets up for a connection.
 struct ConnectionOptions {
-  QpOptions qp = {};                         ///< RC; .access restricts what the peer may do (none by default)
+  /// RC; .access restricts what the peer may do (none by default); an .srq must be on the
+  /// connection's PD (ConnectionOptions::pd), else EINVAL.
+  QpOptions qp = {};
   int cq_depth = 256;                        ///< depth of the CQs the connection creates
-  const ProtectionDomain* pd = nullptr;      ///< share a PD (made from Listener::device() or device_for())
-  CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device)
-  CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device)
+  /// Share a PD (made from Listener::device(), device_for() or device_to()). Read only during
+  /// connect() or accept(): the connection then shares the PD's ownership, so the caller's
+  /// object may be moved or destroyed while the connection lives.
+  const ProtectionDomain* pd = nullptr;
+  CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device; ownership shared as for pd)
+  CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device; ownership shared as for pd)
   std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
-  std::optional<RemoteSlice> expose = std::nullopt;  ///< a buffer the peer learns in the handshake
-  std::uint8_t responder_resources = 16;     ///< reads/atomics the peer may have in flight to us (device-capped)
-  std::uint8_t initiator_depth = 16;         ///< reads/atomics we may have in flight (device-capped)
+  /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
+  /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.
+  std::optional<RemoteSlice> expose = std::nullopt;
+  /// Reads/atomics the peer may have in flight to us: capped by the device and, on accept, by
+  /// the request's initiator depth (rdma_accept(3): the server answers within what the client offers).
+  std::uint8_t responder_resources = 16;
+  /// Reads/atomics we may have in flight: capped by the device and, on accept, by the request's
+  /// responder resources; the client's QP takes the server's answer.
+  std::uint8_t initiator_depth = 16;
   std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
   std::uint8_t rnr_retry_count = 6;          ///< the peer's RNR retries (sent in the handshake); 7: forever
   std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
@@ -86,8 +131,10 @@ struct ConnectionOptions {
   /// as it is connected, before connect() or accept() has returned on this side, and a send
   /// that finds no receive meets RNR (retried after the receiver's RNR timer, rnr_retry_count
   /// times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
+  /// Receives posted here come before any of Connection::exchange(), which then fails: with
+  /// them, hand buffers over with `expose` instead.
   /// An exception from it ends the connect or accept (the server rejects the request) and
-  /// propagates.
+  /// propagates; throw Reject to give the client a reason.
   std::function<void(const Handshake&)> before_handshake{};
 };
 
@@ -102,6 +149,10 @@ struct ConnectOptions {
 /// How a Listener listens.
 struct ListenOptions {
   int backlog = 64;  ///< connection requests the kernel queues before accept() takes them
+  /// Once accept() has taken a request: how long it may take to answer it and see the client
+  /// confirm (ESTABLISHED), ConnectionOptions::before_handshake included. Separate from
+  /// accept()'s own timeout, which is for a request to arrive.
+  std::chrono::milliseconds handshake_timeout = 10s;
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
@@ -110,6 +161,21 @@ struct ListenOptions {
 /// rdma_cm events are read from the connection's own event channel (fd()), without a thread:
 /// wait() watches both the CQ and that channel, so a peer that disconnects or dies turns the
 /// wait into ConnectError(ECONNRESET) instead of a hang.
+///
+/// Threads (as libibverbs states it per verb):
+/// - wait(), wait_one(), spin(), spin_one(), wait_disconnected(), poll_events(), connected(),
+///   address_changed() and disconnect() may be called from several threads at once: e.g. a
+///   sender waiting on send_cq() and a receiver on recv_cq(). The connection's state is
+///   atomic, and whichever thread reads the event that ends the connection wakes the others,
+///   so each of them fails (ECONNRESET, ENODEV, ENOTCONN) within milliseconds. Two threads
+///   waiting on the same CQ are free of races too, but each completion (and each channel
+///   event) goes to one of them, and the other may sleep until its timeout: keep one waiter
+///   per CQ.
+/// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
+/// - exchange() posts and polls on its own: not while another thread uses the connection.
+/// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
+///   what is fixed at establishment: safe from any thread.
+/// - Moving, assigning and destroying the Connection: not while any other call runs.
 class Connection {
  public:
   /// Moves the connection; the source is left empty (only destruction is allowed).
@@ -123,11 +189,13 @@ class Connection {
 
   /// The device rdma_cm chose for the address (librdmacm's context).
   [[nodiscard]] Device& device() noexcept;
-  /// The protection domain: the connection's own, or the one ConnectionOptions::pd shared.
+  /// The protection domain: the connection's own, or one that shares the ibv_pd of
+  /// ConnectionOptions::pd (the same native_handle(), another object).
   [[nodiscard]] const ProtectionDomain& pd() const noexcept;
-  /// The send completion queue (with a completion channel when the connection made it).
+  /// The send completion queue (with a completion channel when the connection made it); with
+  /// ConnectionOptions::send_cq, an object sharing that CQ, as pd() does.
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
-  /// The receive completion queue (with a completion channel when the connection made it).
+  /// The receive completion queue, as send_cq().
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
   /// The connected RC queue pair, in RTS.
   [[nodiscard]] QueuePair& qp() noexcept;
@@ -137,40 +205,88 @@ class Connection {
   /// The buffer the peer exposed in the handshake, if it did.
   [[nodiscard]] const std::optional<RemoteSlice>& peer_remote() const noexcept;
   /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
-  [[nodiscard]] RemoteSlice remote() const;
+  [[nodiscard]] RemoteSlice remote(SourceLocation where = SourceLocation::current()) const;
   /// Sends `mine` to the peer and returns the peer's, by one send and one receive on the
-  /// connection's QP (a 48-byte region registered for the purpose). Both sides call it, before
-  /// posting anything else of their own. For a buffer known before connecting, prefer
-  /// ConnectionOptions::expose, which costs no round trip. Throws ConnectError on timeout or
-  /// disconnect, Error(Errc::bad_encoding) on a malformed answer.
-  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s);
+  /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
+  /// exchange_wr_id). Both sides call it before posting receives of their own, and before
+  /// sending anything the peer would receive: the peer's message goes into the first receive
+  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. Completions
+  /// of other requests that it polls meanwhile (a shared CQ, a write posted before) are not
+  /// lost: the next wait() on that CQ returns them first. For a buffer known before
+  /// connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
+  /// before took the peer's message (its completion stays for wait()); Error with the
+  /// completion's status when a request failed, Error(Errc::bad_encoding) on a malformed
+  /// answer. After a failure the two sides are out of step: close the connection. A request of
+  /// exchange() may then still be posted; its region stays registered until the connection
+  /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.
+  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s,
+                                     SourceLocation where = SourceLocation::current());
+  /// The wr_id of exchange()'s send and receive ("verbsxch").
+  static constexpr std::uint64_t exchange_wr_id = 0x7665726273786368;
   /// The peer's address and port, e.g. "192.0.2.1:7471".
   [[nodiscard]] std::string peer_address() const;
   /// This side's address and port.
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout. Completions already in the CQ always come first; once the CQ
+  /// was polled, empty on timeout. Completions exchange() polled that were not its own come
+  /// first, then those in the CQ; once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
-  /// established), or ENOTCONN after a local disconnect(). Never blocks past `timeout`.
+  /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
+  /// disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
-  /// As above; throws ConnectError instead of setting an error_code.
-  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout);
+  /// As above; throws ConnectError instead of setting an error_code (recording `where`).
+  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             SourceLocation where = SourceLocation::current());
   /// One completion from `cq`, empty on timeout; throws ConnectError as wait() does.
-  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout) {
+  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+                                     SourceLocation where = SourceLocation::current()) {
     Completion c;
-    if (wait(cq, std::span(&c, 1), timeout).empty()) return std::nullopt;
+    if (wait(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
     return c;
   }
 
-  /// Handles pending rdma_cm events without blocking; false once the peer has disconnected.
-  bool poll_events();
-  /// True from establishment until either side disconnects (as far as events have told).
+  /// As wait(), but busy-polls `cq` (even one with a completion channel, which it does not
+  /// arm), and looks at the connection every 1024 empty polls (a system call each time): for a
+  /// latency-bound loop that must still notice a vanished peer at once (ECONNRESET within
+  /// milliseconds of rdma_cm's DISCONNECTED), not when a request is flushed or times out.
+  /// Uses the CPU until a completion comes or `timeout` passes.
+  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             std::error_code& ec) noexcept;
+  /// As above; throws ConnectError instead of setting an error_code (recording `where`).
+  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                             SourceLocation where = SourceLocation::current());
+  /// One completion from `cq` by spin(), empty on timeout; throws ConnectError as spin() does.
+  std::optional<Completion> spin_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+                                     SourceLocation where = SourceLocation::current()) {
+    Completion c;
+    if (spin(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
+    return c;
+  }
+
+  /// Handles pending rdma_cm events without blocking; false once the connection is over (the
+  /// peer disconnected, or the RDMA device was removed).
+  bool poll_events(SourceLocation where = SourceLocation::current());
+  /// True from establishment until either side disconnects or the device goes (as far as
+  /// events have told).
   [[nodiscard]] bool connected() const noexcept;
+  /// True once rdma_cm reported ADDR_CHANGE: the netdev of the connection's address changed its
+  /// hardware address (e.g. a bonding failover). The connection may still work; rdma_cm
+  /// suggests reconnecting so that RDMA follows the network stack.
+  [[nodiscard]] bool address_changed() const noexcept;
+  /// Waits up to `timeout` for the connection to end, without throwing for a normal goodbye:
+  /// true once rdma_cm's DISCONNECTED has arrived (the peer disconnected, or answered this
+  /// side's disconnect()) or the device was removed; false on timeout. The CQs are not read:
+  /// completions stay for wait() or poll() (the QP is moved to ERR, so posted requests flush).
+  /// Sets `ec` only when rdma_cm itself fails. Never blocks past `timeout`.
+  bool wait_disconnected(std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
+  /// As above; throws ConnectError only when rdma_cm itself fails.
+  bool wait_disconnected(std::chrono::milliseconds timeout, SourceLocation where = SourceLocation::current());
   /// Graceful close (rdma_disconnect(3)): the QP goes to ERR and its outstanding requests
   /// flush; the peer sees DISCONNECTED. Idempotent.
-  void disconnect();
+  void disconnect(SourceLocation where = SourceLocation::current());
 
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
   /// readable, call poll_events().
@@ -183,16 +299,23 @@ class Connection {
 
  private:
   friend class Listener;
-  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&);
+  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&, SourceLocation);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
+  /// wait() without the completions exchange() held back.
+  std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                                std::error_code& ec, bool busy = false) noexcept;
+  /// The throwing form of wait() and spin().
+  std::span<Completion> wait_or_throw(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+                                      bool busy, SourceLocation where);
   std::unique_ptr<Impl> impl_;
 };
 
 /// Resolves `host`:`port`, connects an RC QP and returns the connection. Throws ConnectError
 /// saying which phase failed and why (no listener: ECONNREFUSED; silent or unreachable
 /// address: ETIMEDOUT or EHOSTUNREACH within `timeout`; no RDMA device: ENODEV; private data
-/// too large: EMSGSIZE, before anything is sent).
-[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {});
+/// too large: EMSGSIZE, before anything is sent). Errors record `where`, the caller's line.
+[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {},
+                                 SourceLocation where = SourceLocation::current());
 /// As above, reporting failure through `ec` (and returning empty).
 [[nodiscard]] std::optional<Connection> connect(std::string_view host, std::uint16_t port,
                                                 const ConnectOptions& options, std::error_code& ec);
@@ -200,22 +323,26 @@ class Connection {
 /// The device that owns a local IP address, as librdmacm sees it: a PD, CQ or SRQ made from it
 /// can be shared by connections on that address (ConnectionOptions::pd and the CQ pointers).
 /// Throws ConnectError (ENODEV) when no RDMA device has the address.
-[[nodiscard]] Device device_for(std::string_view local_address);
+[[nodiscard]] Device device_for(std::string_view local_address, SourceLocation where = SourceLocation::current());
 
 /// The device a connection to `host` would use (rdma_resolve_addr(3) without connecting), so
 /// that a client can register memory, and expose it in the handshake, before it connects:
 /// `ProtectionDomain pd{cm::device_to(host)}` then ConnectionOptions{.pd = &pd, .expose = ...}.
 /// Throws ConnectError (phase resolve_address): ETIMEDOUT, EHOSTUNREACH, ENODEV.
-[[nodiscard]] Device device_to(std::string_view host, std::chrono::milliseconds timeout = 2s);
+[[nodiscard]] Device device_to(std::string_view host, std::chrono::milliseconds timeout = 2s,
+                               SourceLocation where = SourceLocation::current());
 
 /// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
 /// each other (its own event channel); the listener may be destroyed while they live.
+/// Threads: accept() from one thread at a time per Listener (they read one event channel);
+/// different Listeners, connect() and the Connections may be used from any threads at once.
 class Listener {
  public:
   /// Binds to `address` ("0.0.0.0" or "::" for every device) and `port` (0: any free port,
   /// see port()) and listens. Throws ConnectError (phase listen): EADDRINUSE, ENODEV when no
   /// RDMA device has that address.
-  Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {});
+  Listener(std::string_view address, std::uint16_t port, const ListenOptions& options = {},
+           SourceLocation where = SourceLocation::current());
   /// Moves the listener; the source is left empty.
   Listener(Listener&&) noexcept;
   /// Moves the listener; the one this held stops listening.
@@ -225,12 +352,17 @@ class Listener {
   /// Stops listening; connections accepted from it live on.
   ~Listener();
 
-  /// Waits up to `timeout` for a connection request and accepts it. Throws ConnectError
-  /// (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit
+  /// Waits up to `timeout` for a connection request and accepts it (other events on the
+  /// listener are skipped, but DEVICE_REMOVAL fails with ENODEV). `timeout` is for the
+  /// request only: once one is taken, the handshake has ListenOptions::handshake_timeout, so
+  /// accept(0ms) when fd() is readable (an event loop) completes the connection it answered.
+  /// Throws ConnectError (phase accept): ETIMEDOUT when no request came (or the client did not
+  /// confirm within handshake_timeout), EMSGSIZE for private data over the limit
   /// (checked before waiting; nothing is sent). A client that connected and disconnected
   /// before this side saw the connection established gives a Connection already closed by
   /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).
-  [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {});
+  [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {},
+                                  SourceLocation where = SourceLocation::current());
   /// As above, reporting failure through `ec` (and returning empty).
   [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
                                                  std::error_code& ec);
@@ -238,7 +370,7 @@ class Listener {
   /// The port listened on (the one the system chose when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
-  [[nodiscard]] Device device() const;
+  [[nodiscard]] Device device(SourceLocation where = SourceLocation::current()) const;
   /// The listener's event channel fd: readable when a connection request is waiting.
   [[nodiscard]] int fd() const noexcept;
   /// The listening rdma_cm id.

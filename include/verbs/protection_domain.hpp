@@ -15,6 +15,11 @@ class ProtectionDomain {
  public:
   /// ibv_alloc_pd(3). Throws Error (ENOMEM).
   explicit ProtectionDomain(const Device& device, SourceLocation where = SourceLocation::current());
+  /// Wraps a PD held elsewhere, sharing its ownership (e.g. another ProtectionDomain's
+  /// shared_handle(), so that an object keeps the PD alive however the original is moved or
+  /// destroyed). `pd`'s deleter deallocates it and must keep alive what it uses (the device
+  /// context). Throws Error(Errc::bad_argument) for a null `pd`.
+  [[nodiscard]] static ProtectionDomain adopt(std::shared_ptr<ibv_pd> pd, SourceLocation where = SourceLocation::current());
 
   ///@{
   /// Move-only: the moved-from object is empty.
@@ -33,6 +38,7 @@ class ProtectionDomain {
   [[nodiscard]] const std::shared_ptr<ibv_pd>& shared_handle() const noexcept { return pd_; }
 
  private:
+  ProtectionDomain() = default;
   std::shared_ptr<ibv_pd> pd_;
 };
 

@@ -1,14 +1,81 @@
-// A peer for the cm tests, run as a separate process: connects to ADDR PORT and then idles
-// until killed (or 60 s pass).
+// A peer for the cm tests, run as a separate process.
+//   verbs_cm_peer ADDR PORT          connects to ADDR PORT and then idles until killed (or 60 s pass)
+//   verbs_cm_peer --removal ADDR     for cm_device_removal.sh: connects to itself on ADDR, prints
+//                                    "connected", then waits (20 s at most) on a listener, on the
+//                                    server's receive CQ and on the client's, and prints what each
+//                                    wait ended with ("accept: ENODEV ..."), while the script
+//                                    removes the RDMA device. Exit status 0 when the listener and
+//                                    at least one end said ENODEV, and the other end ENODEV or
+//                                    ECONNRESET (see removal()). The device stays open until the process exits
+//                                    (librdmacm keeps its context), so the removal completes then.
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <future>
+#include <string>
 #include <thread>
 
 #include <verbs/cm.hpp>
 
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string describe(const std::error_code& ec, const std::string& text) {
+  return std::string(ec.value() == ENODEV ? "ENODEV" : ec ? "error" : "no error") + " (" + text + ")";
+}
+
+int removal(const char* addr) {
+  verbs::cm::Listener listener(addr, 0);
+  verbs::cm::Listener idle(addr, 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  verbs::cm::Connection client = verbs::cm::connect(addr, listener.port());
+  verbs::cm::Connection conn = server.get();
+  auto accepting = std::async(std::launch::async, [&] {
+    try {
+      (void)idle.accept(20s);
+      return std::string("accepted a connection");
+    } catch (const verbs::Error& e) {
+      return describe(e.code(), e.what());
+    }
+  });
+  const auto waiting = [](verbs::cm::Connection& c) {
+    return std::async(std::launch::async, [&c] {
+      std::error_code ec;
+      std::array<verbs::Completion, 1> wc;
+      const auto got = c.wait(c.recv_cq(), wc, 20s, ec);
+      return got.empty() ? describe(ec, ec ? ec.message() : "timed out") : std::string("a completion");
+    });
+  };
+  auto server_wait = waiting(conn);
+  auto client_wait = waiting(client);
+  std::printf("connected\n");
+  std::fflush(stdout);
+  const std::string results[] = {"accept: " + accepting.get(), "server wait: " + server_wait.get(),
+                                 "client wait: " + client_wait.get()};
+  // The listener must say ENODEV. Both ends of the connection are on the removed device: the
+  // end whose DEVICE_REMOVAL comes first has its id destroyed by the kernel, which sends the
+  // other end a disconnect that may arrive before that end's own DEVICE_REMOVAL. So each wait
+  // ends with ENODEV or ECONNRESET (never a timeout), and at least one with ENODEV.
+  int status = results[0].find(": ENODEV") == std::string::npos ? 1 : 0;
+  int enodev = 0;
+  for (const std::string& r : results) {
+    std::printf("%s\n", r.c_str());
+    if (r.find(": ENODEV") != std::string::npos) ++enodev;
+    else if (r.find("Connection reset by peer") == std::string::npos) status = 1;
+  }
+  if (enodev < 2) status = 1;  // the listener and at least one end
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) try {
+  if (argc == 3 && std::strcmp(argv[1], "--removal") == 0) return removal(argv[2]);
   if (argc != 3) {
-    std::fprintf(stderr, "usage: verbs_cm_peer ADDR PORT\n");
+    std::fprintf(stderr, "usage: verbs_cm_peer ADDR PORT | verbs_cm_peer --removal ADDR\n");
     return 2;
   }
   verbs::cm::Connection c =

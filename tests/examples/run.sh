@@ -3,7 +3,7 @@
 # every process exits as expected and prints what it should.
 #
 # Usage: run.sh CASE BIN_DIR
-#   CASE     write_pingpong, write_pingpong.mismatch, send_recv, read_remote, atomic_counter,
+#   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, read_remote, atomic_counter,
 #            srq_server, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
@@ -131,6 +131,26 @@ case $case_name in
     finish 1
     expect_err server "^write_pingpong: the peer runs with 'iters 20 size 8', we with 'iters 10 size 8': give both the same -n and -s$"
     expect_err client "^write_pingpong: the peer runs with 'iters 10 size 8', we with 'iters 20 size 8'"
+    ;;
+  write_pingpong.killed)
+    # The server dies (kill -9) in the middle of a long run. rdma_cm tells the client within
+    # milliseconds; the client, busy-polling for the server's answer, must say that the peer
+    # disconnected, at once (within 3 s here), not fail seconds later on a flushed request.
+    start_server -n 100000000
+    start client -p "$port" -n 100000000 "$addr"
+    sleep 3  # connected, and in the middle of the ping-pong
+    pkill -KILL -P "${pids[0]}"  # the server itself, not the timeout(1) that runs it
+    killed=$(date +%s%N)
+    wait "${pids[1]}"
+    status=$?
+    took_ms=$((($(date +%s%N) - killed) / 1000000))
+    wait "${pids[0]}" 2>/dev/null
+    echo "---- client: exit $status, ${took_ms} ms after the server was killed"
+    sed 's/^/stderr: /' "$work/client.err"
+    pids=() labels=()
+    [ "$status" -eq 1 ] || fail "the client exited with $status, expected 1"
+    expect_err client "the peer disconnected"
+    [ "$took_ms" -lt 3000 ] || fail "the client took $took_ms ms to notice (expected < 3000)"
     ;;
   send_recv)
     # Three clients at once, each with its own message size and count.
