@@ -64,9 +64,10 @@ inline Side decode_side(std::span<const std::byte> in, std::size_t qps) {
 }
 
 /// The client's parameters from its rdma_cm private data (as Connection::peer_private_data()
-/// gives it) into `c`, as decode_params. Throws Failure.
+/// gives it) into `c`, as decode_params. Throws Failure, also when there are fewer than
+/// kParamsWire bytes (the connection strips a leading exposed slice: 56 - 24 = 32 are left).
 inline void decode_cm_params(std::span<const std::byte> peer_private_data, Config& c) {
-  decode_params(peer_private_data.first(kParamsWire), c);
+  decode_params(peer_private_data, c);  // it checks the size, and reads only kParamsWire bytes
 }
 
 }  // namespace perf
