@@ -247,7 +247,7 @@ struct Connection::Impl {
     std::shared_ptr<ibv_qp> raw(id->qp, [id_ = id, p = pd->shared_handle(), s = send_cq->shared_handle(),
                                          r = recv_cq->shared_handle(), srq](ibv_qp*) { rdma_destroy_qp(id_.get()); });
     qp.emplace(QueuePair::adopt(std::move(raw), q, init.cap, QpState::init));  // rdma_create_qp leaves it in INIT
-    (void)qp->query_state();
+    (void)qp->refresh_state();
     access = o.qp.access;
 
     std::uint8_t t = o.ack_timeout;
@@ -274,7 +274,7 @@ struct Connection::Impl {
     if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
         rc != 0)
       fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)");
-    (void)qp->query_state();
+    (void)qp->refresh_state();
     settled = true;
   }
 
@@ -553,7 +553,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o) {
     // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
     // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
     // the QP now, not then.
-    if (c->qp->query_state() == QpState::rts) c->settle_qp(Phase::accept);
+    if (c->qp->refresh_state() == QpState::rts) c->settle_qp(Phase::accept);
     // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the

@@ -4,15 +4,60 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <string>
+
+#include "detail.hpp"
 
 namespace verbs {
+namespace {
+
+int empty_poll(ibv_cq*, int, ibv_wc*) { return -EBADF; }
+int empty_notify(ibv_cq*, int) { return EBADF; }
+
+struct EmptyCq {
+  ibv_context ctx{};
+  ibv_cq cq{};
+  EmptyCq() noexcept {
+    ctx.ops.poll_cq = &empty_poll;
+    ctx.ops.req_notify_cq = &empty_notify;
+    cq.context = &ctx;
+  }
+};
+
+}  // namespace
+
+ibv_cq* detail::empty_cq() noexcept {
+  static EmptyCq empty;
+  return &empty.cq;
+}
+
+std::error_code CompletionQueue::poll_error_(int rc) const noexcept {
+  if (!*this) return make_error_code(Errc::empty_object);
+  return {detail::rc_to_errno(rc), std::generic_category()};
+}
+
+void CompletionQueue::throw_poll_error_(int rc) const {
+  const std::error_code ec = poll_error_(rc);
+  detail::throw_error(ec, ec == Errc::empty_object ? "CompletionQueue::poll: the CompletionQueue is empty (moved from)"
+                                                   : "ibv_poll_cq",
+                      SourceLocation::current());
+}
+
+void CompletionQueue::check_not_empty_(const char* what, SourceLocation where) const {
+  if (!*this)
+    detail::throw_error(make_error_code(Errc::empty_object),
+                        std::string("CompletionQueue::") + what + ": the CompletionQueue is empty (moved from)", where);
+}
 
 CompletionQueue::CompletionQueue(const Device& device, CqOptions options, SourceLocation where) {
   ibv_context* ctx = device.native_handle();
+  detail::require_not_empty(ctx != nullptr, "CompletionQueue: the Device", where);
   std::shared_ptr<ibv_comp_channel> channel;
   if (options.with_channel) {
     ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel", where);
-    channel.reset(ch, [](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
+    // The channel holds the context itself: ibv_destroy_comp_channel locks the context's mutex,
+    // so the context must outlive it whatever else is released first.
+    channel.reset(ch, [ctx = device.shared_handle()](ibv_comp_channel* c) { ibv_destroy_comp_channel(c); });
     // Non-blocking, so consume_events() and wait() never sleep inside ibv_get_cq_event.
     const int fl = ::fcntl(ch->fd, F_GETFL);
     if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
@@ -20,7 +65,8 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
   }
   ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
                                  "ibv_create_cq", where);
-  // The channel must outlive the CQ, the context both.
+  // Every owner holds what it needs itself (the channel its context), so the order in which
+  // the captures are destroyed does not matter.
   cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
 }
 
@@ -28,12 +74,20 @@ CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq) {
   if (!cq)
     detail::throw_error(make_error_code(Errc::bad_argument), "CompletionQueue::adopt: no CQ",
                         SourceLocation::current());
+  // Non-blocking, as a CQ made here is: consume_events() drains the channel until EAGAIN.
+  if (cq->channel != nullptr) {
+    const int fl = ::fcntl(cq->channel->fd, F_GETFL);
+    if (fl < 0 || ((fl & O_NONBLOCK) == 0 && ::fcntl(cq->channel->fd, F_SETFL, fl | O_NONBLOCK) < 0))
+      detail::throw_errno(errno, "CompletionQueue::adopt: fcntl(O_NONBLOCK) on the completion channel",
+                          SourceLocation::current());
+  }
   CompletionQueue q;
   q.cq_ = std::move(cq);
   return q;
 }
 
 void CompletionQueue::req_notify(bool solicited_only) {
+  check_not_empty_("req_notify", SourceLocation::current());
   if (!has_channel())
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "CompletionQueue::req_notify: the CQ has no completion channel (CqOptions::with_channel)",
@@ -45,7 +99,7 @@ std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, s
                                                     bool solicited_only) noexcept {
   ec.clear();
   if (!has_channel()) {
-    ec = make_error_code(Errc::bad_argument);
+    ec = make_error_code(*this ? Errc::bad_argument : Errc::empty_object);
     return {};
   }
   if (const int rc = ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0); rc != 0) {
@@ -57,6 +111,7 @@ std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, s
 }
 
 std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, bool solicited_only) {
+  check_not_empty_("arm_and_poll", SourceLocation::current());
   std::error_code ec;
   auto got = arm_and_poll(out, ec, solicited_only);
   if (ec == make_error_code(Errc::bad_argument))
@@ -95,7 +150,7 @@ int CompletionQueue::consume_events() {
 std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout,
                                             std::error_code& ec) noexcept {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   ec.clear();
   for (;;) {
     if (auto got = poll(out, ec); !got.empty() || ec) return got;
@@ -103,9 +158,8 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
     if (now >= deadline) return {};
     if (!has_channel()) continue;  // busy-poll until the deadline
     if (auto got = arm_and_poll(out, ec); !got.empty() || ec) return got;
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
     pollfd p{cq_->channel->fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, left.count())));
+    const int n = ::poll(&p, 1, std::max(1, detail::poll_ms_until(deadline)));
     if (n < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <mutex>
 #include <cstring>
 #include <span>
 #include <string>
@@ -90,6 +91,42 @@ std::string Gid::to_string() const {
   return text;
 }
 
+void* AsyncEvent::context() const noexcept {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return raw.element.qp != nullptr ? raw.element.qp->qp_context : nullptr;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return raw.element.srq != nullptr ? raw.element.srq->srq_context : nullptr;
+    case IBV_EVENT_CQ_ERR:
+      return raw.element.cq != nullptr ? raw.element.cq->cq_context : nullptr;
+    default:
+      return nullptr;
+  }
+}
+
+std::uint8_t AsyncEvent::port() const noexcept {
+  switch (type) {
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+      return static_cast<std::uint8_t>(raw.element.port_num);
+    default:
+      return 0;
+  }
+}
+
 std::vector<DeviceInfo> list_devices() {
   const DeviceList l;
   if (l.list == nullptr) {
@@ -127,6 +164,11 @@ Device Device::open_first(SourceLocation where) {
 }
 
 Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
+  if (!ctx)
+    detail::throw_error(make_error_code(Errc::bad_argument), "Device::adopt: no context", SourceLocation::current());
+  // Non-blocking, as a Device opened here is: wait_async_event polls it with a timeout.
+  if (const int fl = ::fcntl(ctx->async_fd, F_GETFL); fl >= 0 && (fl & O_NONBLOCK) == 0)
+    (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
   std::string name = ibv_get_device_name(ctx->device);
   return Device(std::move(ctx), std::move(name));
 }
@@ -137,21 +179,34 @@ void Device::swap(Device& o) noexcept {
   std::swap(attr_, o.attr_);
 }
 
-PortInfo Device::port(std::uint8_t port_num) const { return detail::query_port(ctx_.get(), port_num); }
+PortInfo Device::port(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::port: the Device", SourceLocation::current());
+  return detail::query_port(ctx_.get(), port_num);
+}
 std::vector<GidEntry> Device::gid_table(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::gid_table: the Device", SourceLocation::current());
   return detail::query_gid_table(ctx_.get(), port_num);
 }
-GidChoice Device::choose_gid(std::uint8_t port_num) const { return detail::choose_gid(ctx_.get(), port_num); }
+GidChoice Device::choose_gid(std::uint8_t port_num) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::choose_gid: the Device", SourceLocation::current());
+  return detail::choose_gid(ctx_.get(), port_num);
+}
 
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
-  pollfd p{ctx_->async_fd, POLLIN, 0};
-  const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
-  if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
-  if (n <= 0) return std::nullopt;
+  detail::require_not_empty(ctx_ != nullptr, "Device::wait_async_event: the Device", SourceLocation::current());
+  const auto deadline = detail::deadline_after(timeout);
   AsyncEvent ev;
-  if (ibv_get_async_event(ctx_.get(), &ev.raw) != 0) {
-    if (errno == EAGAIN) return std::nullopt;
-    detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
+  for (;;) {
+    pollfd p{ctx_->async_fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, detail::poll_ms_until(deadline));
+    if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
+    // A signal (EINTR) is not the end of the wait, nor is another reader taking the event first.
+    if (n > 0) {
+      if (ibv_get_async_event(ctx_.get(), &ev.raw) == 0) break;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
   ev.type = ev.raw.event_type;
   ibv_ack_async_event(&ev.raw);
@@ -195,8 +250,79 @@ std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
   return out;
 }
 
+namespace {
+
+bool link_local(const Gid& g) { return g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80; }
+
+// The last choice per (context, port), reused while the table still holds it at that index:
+// one ibv_query_gid_ex instead of a scan of the whole table (1024 slots on rxe) per QP.
+struct CachedChoice {
+  ibv_context* ctx = nullptr;
+  std::uint8_t port = 0;
+  GidChoice choice;
+};
+std::mutex g_cache_mutex;
+std::vector<CachedChoice> g_cache;
+
+bool still_there(ibv_context* ctx, std::uint8_t port, const GidEntry& e) {
+  ibv_gid_entry now{};
+  if (ibv_query_gid_ex(ctx, port, e.index, &now, 0) != 0) return false;
+  char name[IF_NAMESIZE] = {};
+  const std::string netdev =
+      now.ndev_ifindex != 0 && ::if_indextoname(now.ndev_ifindex, name) != nullptr ? std::string(name) : std::string();
+  return Gid::from_native(now.gid) == e.gid && static_cast<GidType>(now.gid_type) == e.type && netdev == e.netdev;
+}
+
+}  // namespace
+
+// The port's own netdev: that of the GID at index 0, derived from the port's MAC.
+std::string own_netdev(const std::vector<GidEntry>& table) {
+  for (const GidEntry& e : table)
+    if (e.index == 0) return e.netdev;
+  return {};
+}
+
+std::optional<GidChoice> choose_roce_gid(const std::vector<GidEntry>& table) {
+  const std::string own = own_netdev(table);
+  struct Rank {
+    int score;
+    const GidEntry* entry;
+  };
+  std::optional<Rank> best;
+  for (const GidEntry& e : table) {
+    if (e.type == GidType::ib || e.gid.is_zero()) continue;
+    // RoCE v2 first, then a routable address, then the port's own netdev, then IPv4 over IPv6.
+    int score = e.type == GidType::roce_v2 ? 100 : 0;
+    if (!link_local(e.gid)) score += 20;
+    if (own.empty() || e.netdev == own) score += 10;
+    if (e.gid.is_ipv4_mapped()) score += 5;
+    if (!best || score > best->score || (score == best->score && e.index < best->entry->index)) best = Rank{score, &e};
+  }
+  if (!best) return std::nullopt;
+  const GidEntry& e = *best->entry;
+  const bool on_own = own.empty() || e.netdev == own;
+  const std::string where = on_own ? "" : " on " + e.netdev + ", not the port's own netdev " + own + " (a VLAN or macvlan)";
+  std::string reason;
+  if (e.type == GidType::roce_v1)
+    reason = "only RoCE v1 GIDs on this port (not routable across subnets)" + where;
+  else if (e.gid.is_ipv4_mapped())  // the first wording is what verbs-info and the README show
+    reason = on_own ? "RoCE v2 with an IPv4-mapped address (routable; what rdma_cm uses for IPv4)"
+                    : "RoCE v2 with an IPv4-mapped address" + where;
+  else if (!link_local(e.gid))
+    reason = "RoCE v2 with a global IPv6 address (routable; the netdev has no IPv4 address)" + where;
+  else
+    reason = "RoCE v2, link-local only (fe80::): reaches the same Ethernet segment only; give the netdev an IP address" +
+             where;
+  return GidChoice{e, reason};
+}
+
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
   const PortInfo p = query_port(ctx, port_num, where);
+  if (p.is_ethernet()) {
+    const std::lock_guard lock(g_cache_mutex);
+    for (const CachedChoice& c : g_cache)
+      if (c.ctx == ctx && c.port == port_num && still_there(ctx, port_num, c.choice.entry)) return c.choice;
+  }
   const std::vector<GidEntry> table = query_gid_table(ctx, port_num);
   if (!p.is_ethernet()) {
     GidEntry e;
@@ -204,18 +330,21 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation whe
     return {e, "InfiniBand port: addressed by LID " + std::to_string(p.lid) + "; GID index " +
                    std::to_string(e.index) + " is used only with a GRH"};
   }
-  const auto find = [&](auto pred) { return std::find_if(table.begin(), table.end(), pred); };
-  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v2 && e.gid.is_ipv4_mapped(); });
-      it != table.end())
-    return {*it, "RoCE v2 with an IPv4-mapped address (routable; what rdma_cm uses for IPv4)"};
-  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v2; }); it != table.end())
-    return {*it, "RoCE v2, but no IPv4-mapped GID: the netdev has no IPv4 address"};
-  if (auto it = find([](const GidEntry& e) { return e.type == GidType::roce_v1; }); it != table.end())
-    return {*it, "only RoCE v1 GIDs on this port (not routable across subnets)"};
-  detail::throw_error(make_error_code(Errc::no_device),
-                      "port " + std::to_string(port_num) +
-                          " has no usable GID: is its netdev up, with an IP address?",
-                      where);
+  std::optional<GidChoice> c = choose_roce_gid(table);
+  if (!c)
+    detail::throw_error(make_error_code(Errc::no_device),
+                        "port " + std::to_string(port_num) +
+                            " has no usable GID: is its netdev up, with an IP address?",
+                        where);
+  // Only the best kind of entry is kept: a lesser one is looked for again, since an address
+  // added later (an IPv4 one on an IPv6-only port) would be preferred.
+  const std::lock_guard lock(g_cache_mutex);
+  const auto same = [&](const CachedChoice& x) { return x.ctx == ctx && x.port == port_num; };
+  g_cache.erase(std::remove_if(g_cache.begin(), g_cache.end(), same), g_cache.end());
+  const std::string own = own_netdev(table);
+  if (c->entry.type == GidType::roce_v2 && c->entry.gid.is_ipv4_mapped() && (own.empty() || c->entry.netdev == own))
+    g_cache.push_back({ctx, port_num, *c});
+  return *c;
 }
 
 }  // namespace detail

@@ -21,7 +21,9 @@ class VerbsCategory final : public std::error_category {
       case Errc::atomic_length: return "atomic target or result not 8 bytes long";
       case Errc::inline_too_large: return "inline data larger than the QP's max_inline_data";
       case Errc::too_many_sge: return "more scatter/gather entries than the queue was created with";
-      case Errc::bad_qp_state: return "queue pair state does not allow this operation";
+      case Errc::bad_qp_state:
+        return "queue pair state does not allow this operation (sends need RTS, receives INIT or later: "
+               "connect() an RC or UC QP, activate() a UD one)";
       case Errc::wrong_qp_type: return "operation not supported on this queue pair type";
       case Errc::qp_has_srq: return "queue pair takes its receives from a shared receive queue";
       case Errc::length_overflow: return "length does not fit in a work request (at most 2^32 - 1)";
@@ -29,6 +31,13 @@ class VerbsCategory final : public std::error_category {
       case Errc::no_device: return "no RDMA device";
       case Errc::timed_out: return "timed out";
       case Errc::bad_argument: return "invalid argument";
+      case Errc::empty_object: return "the object is empty (it was moved from)";
+      case Errc::inline_not_allowed: return "inline data is only for sends and RDMA writes (not reads or atomics)";
+      case Errc::atomics_unsupported: return "the device does not support atomic operations (atomic_cap NONE)";
+      case Errc::ud_message_too_large:
+        return "UD message larger than the port's active MTU (it would be dropped silently; see Endpoint::mtu)";
+      case Errc::ud_recv_too_small: return "UD receive smaller than the 40-byte GRH that precedes every message";
+      case Errc::ud_needs_address: return "UD send without an address: use SendWr::send(...).to(ah, qpn, qkey)";
     }
     return "unknown verbs error " + std::to_string(v);
   }
@@ -36,6 +45,7 @@ class VerbsCategory final : public std::error_category {
     switch (static_cast<Errc>(v)) {
       case Errc::no_device: return std::errc::no_such_device;
       case Errc::timed_out: return std::errc::timed_out;
+      case Errc::atomics_unsupported: return std::errc::operation_not_supported;
       case Errc::local_out_of_bounds:
       case Errc::remote_out_of_bounds:
       case Errc::remote_too_small:

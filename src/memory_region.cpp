@@ -19,6 +19,11 @@ constexpr std::byte kMagic0{'V'}, kMagic1{'R'}, kVersion{1};
 
 }  // namespace
 
+ibv_mr* detail::empty_mr() noexcept {
+  static ibv_mr empty{};
+  return &empty;
+}
+
 Buffer::Buffer(std::size_t size) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   // Rounding up must not wrap around to a tiny allocation that claims `size` bytes.
@@ -36,6 +41,7 @@ Buffer::~Buffer() { std::free(data_); }  // NOLINT
 MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
                            SourceLocation where)
     : access_(access) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion: the ProtectionDomain", where);
   constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
   if ((access & needs_local_write) && !(access & Access::local_write))
     detail::throw_error(make_error_code(Errc::bad_argument),

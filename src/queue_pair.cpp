@@ -14,12 +14,12 @@ using detail::put_le;
 
 constexpr std::uint32_t bit(int key) { return 1u << key; }
 
-std::uint32_t allowed_ops(QpType t) {
+std::uint32_t allowed_ops(QpType t, bool atomics) {
   switch (t) {
     case QpType::rc:
       return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) |
-             bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) | bit(IBV_WR_ATOMIC_CMP_AND_SWP) |
-             bit(IBV_WR_ATOMIC_FETCH_AND_ADD);
+             bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) |
+             (atomics ? bit(IBV_WR_ATOMIC_CMP_AND_SWP) | bit(IBV_WR_ATOMIC_FETCH_AND_ADD) : 0u);
     case QpType::uc:
       return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) | bit(IBV_WR_SEND_WITH_IMM);
     case QpType::ud:
@@ -34,6 +34,47 @@ std::uint32_t random_psn() {
 }
 
 constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
+
+/// Why ibv_create_qp said EINVAL: the capacity over the device's limit, by name. The inline
+/// size is no device attribute, so it is probed (by creating QPs with less) only on this path.
+std::string explain_einval(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                           const QpOptions& o) {
+  std::string why = "ibv_create_qp";
+  ibv_device_attr_ex dev{};
+  if (ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev) != 0) return why;
+  const ibv_device_attr& a = dev.orig_attr;
+  const auto over = [&](const char* field, std::uint32_t asked, const char* limit, int max) {
+    if (max < 0 || asked <= static_cast<std::uint32_t>(max)) return false;
+    why += std::string(": QpOptions::") + field + " " + std::to_string(asked) + " exceeds the device's " + limit +
+           " " + std::to_string(max);
+    return true;
+  };
+  const bool srq = o.srq != nullptr;
+  if (over("max_send_wr", o.max_send_wr, "max_qp_wr", a.max_qp_wr) ||
+      (!srq && over("max_recv_wr", o.max_recv_wr, "max_qp_wr", a.max_qp_wr)) ||
+      over("max_send_sge", o.max_send_sge, "max_sge", a.max_sge) ||
+      (!srq && over("max_recv_sge", o.max_recv_sge, "max_sge", a.max_sge)))
+    return why;
+  if (o.max_inline_data == 0) return why + " (invalid argument; the capacities are within the device's limits)";
+  // Bisect the largest inline size the device takes with these options.
+  const auto creates = [&](std::uint32_t inline_size) {
+    QpOptions t = o;
+    t.max_inline_data = inline_size;
+    ibv_qp_init_attr init = QueuePair::init_attr(send_cq, recv_cq, t);
+    ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
+    if (qp != nullptr) ibv_destroy_qp(qp);
+    return qp != nullptr;
+  };
+  if (!creates(0)) return why;
+  std::uint32_t lo = 0, hi = o.max_inline_data;  // creates(lo), !creates(hi)
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    (creates(mid) ? lo : hi) = mid;
+  }
+  return why + ": QpOptions::max_inline_data " + std::to_string(o.max_inline_data) +
+         " is over the device's inline limit: at most " + std::to_string(lo) +
+         " here (no device attribute says so; probed, as verbs-info does)";
+}
 
 [[noreturn]] void bad_option(const std::string& what, SourceLocation where) {
   detail::throw_error(make_error_code(Errc::bad_argument), what, where);
@@ -77,13 +118,22 @@ ibv_qp_init_attr QueuePair::init_attr(const CompletionQueue& send_cq, const Comp
   init.cap.max_inline_data = o.max_inline_data;
   init.qp_type = static_cast<ibv_qp_type>(o.type);
   init.sq_sig_all = o.signal_all ? 1 : 0;
+  init.qp_context = o.context;
   return init;
 }
 
 QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                      const QpOptions& o, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "QueuePair: the ProtectionDomain", where);
+  detail::require_not_empty(send_cq.native_handle() != nullptr, "QueuePair: the send CompletionQueue", where);
+  detail::require_not_empty(recv_cq.native_handle() != nullptr, "QueuePair: the receive CompletionQueue", where);
+  detail::require_not_empty(o.srq == nullptr || o.srq->native_handle() != nullptr, "QueuePair: QpOptions::srq", where);
   ibv_qp_init_attr init = init_attr(send_cq, recv_cq, o);
-  ibv_qp* qp = detail::check_ptr(ibv_create_qp(pd.native_handle(), &init), "ibv_create_qp", where);
+  ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
+  if (qp == nullptr) {
+    const int err = errno != 0 ? errno : EIO;
+    detail::throw_errno(err, err == EINVAL ? explain_einval(pd, send_cq, recv_cq, o) : "ibv_create_qp", where);
+  }
   std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
   // Created here so that a failing setup_ below still destroys the QP.
   qp_ = std::shared_ptr<ibv_qp>(
@@ -112,6 +162,12 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   has_srq_ = o.srq != nullptr;
   const PortInfo port = detail::query_port(ctx, o.port, where);
   ethernet_ = port.is_ethernet();
+  // Once, not per transition: the read/atomic limits RTR and RTS cap with, and atomic support.
+  ibv_device_attr_ex dev{};
+  detail::check_rc(ibv_query_device_ex(ctx, nullptr, &dev), "ibv_query_device_ex", where);
+  atomics_ = dev.orig_attr.atomic_cap != IBV_ATOMIC_NONE;
+  max_init_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.orig_attr.max_qp_init_rd_atom, 0, 255));
+  max_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.orig_attr.max_qp_rd_atom, 0, 255));
   if (o.gid_index) {
     gid_index_ = *o.gid_index;
     ibv_gid g{};
@@ -128,7 +184,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   max_inline_ = granted.max_inline_data;
   max_send_wr_ = granted.max_send_wr;
   max_recv_wr_ = granted.max_recv_wr;
-  type_ops_ = allowed_ops(o.type);
+  type_ops_ = allowed_ops(o.type, atomics_);
   set_state_(state_);
 
   local_.qp_num = qp_->qp_num;
@@ -136,16 +192,17 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   local_.qkey = o.type == QpType::ud ? o.qkey : 0;
   local_.lid = port.lid;
   local_.mtu = port.active_mtu;
+  ud_max_ = mtu_bytes(port.active_mtu);
 }
 
-std::pair<std::uint8_t, std::uint8_t> QueuePair::rd_atomic_limits_(SourceLocation where) const {
-  ibv_device_attr dev{};
-  detail::check_rc(ibv_query_device(qp_->context, &dev), "ibv_query_device", where);
-  return {static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 0, 255)),
-          static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 0, 255))};
+void QueuePair::check_not_empty_(const char* what, SourceLocation where) const {
+  if (!qp_)
+    detail::throw_error(make_error_code(Errc::empty_object),
+                        std::string("QueuePair::") + what + ": the QueuePair is empty (moved from)", where);
 }
 
 void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where) {
+  check_not_empty_(verb, where);
   attr.qp_state = to;
   detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask | IBV_QP_STATE), verb, where);
   set_state_(static_cast<std::uint8_t>(to));
@@ -196,7 +253,7 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLo
     }
     mask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     if (type_ == QpType::rc) {
-      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), rd_atomic_limits_(where).second);
+      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), max_rd_atom_);
       a.min_rnr_timer = o.min_rnr_timer;
       mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     }
@@ -214,13 +271,14 @@ void QueuePair::to_rts(const ConnectOptions& o, SourceLocation where) {
     a.timeout = o.timeout;
     a.retry_cnt = o.retry_cnt;
     a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), rd_atomic_limits_(where).first);
+    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), max_init_rd_atom_);
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
   }
   modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)", where);
 }
 
 void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o, SourceLocation where) {
+  check_not_empty_("connect", where);
   if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()", where);
   if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
     bad_option("QueuePair::connect: retry_cnt and rnr_retry are 0..7, timeout 0..31", where);
@@ -231,6 +289,7 @@ void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o, SourceL
 }
 
 void QueuePair::activate(SourceLocation where) {
+  check_not_empty_("activate", where);
   if (type_ != QpType::ud) bad_option("QueuePair::activate: only for UD; connect RC and UC QPs to a peer", where);
   if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
   if (state_ == IBV_QPS_RESET) to_init(where);
@@ -248,12 +307,18 @@ void QueuePair::to_error(SourceLocation where) {
   modify_(a, 0, IBV_QPS_ERR, "ibv_modify_qp(ERR)", where);
 }
 
-QpState QueuePair::query_state(SourceLocation where) {
+QpState QueuePair::query_state(SourceLocation where) const {
+  check_not_empty_("query_state", where);
   ibv_qp_attr a{};
   ibv_qp_init_attr init{};
   detail::check_rc(ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init), "ibv_query_qp", where);
-  set_state_(static_cast<std::uint8_t>(a.qp_state));
   return static_cast<QpState>(a.qp_state);
+}
+
+QpState QueuePair::refresh_state(SourceLocation where) {
+  const QpState s = query_state(where);
+  set_state_(static_cast<std::uint8_t>(s));
+  return s;
 }
 
 Endpoint::Wire Endpoint::encode() const noexcept {

@@ -3,14 +3,21 @@
 namespace verbs {
 
 SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "SharedReceiveQueue: the ProtectionDomain", where);
   ibv_srq_init_attr init{};
   init.attr.max_wr = o.max_wr;
   init.attr.max_sge = o.max_sge;
-  init.attr.srq_limit = o.limit;
+  // srq_limit is ignored at creation (ibv_create_srq(3)); armed below, the portable way.
+  init.srq_context = o.context;
   ibv_srq* srq = detail::check_ptr(ibv_create_srq(pd.native_handle(), &init), "ibv_create_srq", where);
   srq_ = std::shared_ptr<ibv_srq>(srq, [pd = pd.shared_handle()](ibv_srq* s) { ibv_destroy_srq(s); });
   max_wr_ = init.attr.max_wr;
   max_sge_ = init.attr.max_sge;
+  if (o.limit != 0) {
+    ibv_srq_attr a{};
+    a.srq_limit = o.limit;
+    detail::check_rc(ibv_modify_srq(srq, &a, IBV_SRQ_LIMIT), "ibv_modify_srq(IBV_SRQ_LIMIT)", where);
+  }
 }
 
 void SharedReceiveQueue::arm(std::uint32_t limit) {

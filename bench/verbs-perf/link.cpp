@@ -465,8 +465,11 @@ std::vector<verbs::Endpoint> decode_side(std::span<const std::byte> in, Session&
 
 void connect_qps(Session& s, const std::vector<verbs::Endpoint>& eps) {
   const auto [init, resp] = read_depths(s.cfg, *s.device);
+  // perftest's RNR timer (12, 0.64 ms), not the library's patient default: with rnr_retry 7
+  // the budget does not matter, only how soon a send that met RNR is retried.
   const verbs::ConnectOptions o{.max_rd_atomic = init,
                                 .max_dest_rd_atomic = resp,
+                                .min_rnr_timer = 12,
                                 .rnr_retry = kRnrRetry};
   for (std::size_t q = 0; q < s.qps.size(); ++q) s.qps[q]->connect(eps[q], o);
 }

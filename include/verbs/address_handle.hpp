@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include <infiniband/verbs.h>
 
@@ -12,11 +13,16 @@
 
 namespace verbs {
 
+struct Endpoint;
+class QueuePair;
+
 /// Where UD sends through an AddressHandle go (ibv_ah_attr).
 struct AhOptions {
   Gid dgid{};                      ///< destination GID (RoCE needs one: is_global is set when non-zero)
   std::uint16_t dlid = 0;        ///< destination LID (InfiniBand)
-  std::uint8_t sgid_index = 0;   ///< local GID index (Device::choose_gid)
+  /// Local GID index (GidEntry::index, QueuePair::gid_index()); default: Device::choose_gid's
+  /// pick for the port, as a QP makes. 0..255 (ibv_ah_attr holds 8 bits).
+  std::optional<std::uint32_t> sgid_index = std::nullopt;
   std::uint8_t port = 1;            ///< local port
   std::uint8_t hop_limit = 64;      ///< GRH hop limit (IP TTL on RoCE v2)
   std::uint8_t traffic_class = 0;   ///< GRH traffic class (DSCP and ECN on RoCE v2)
@@ -26,8 +32,14 @@ struct AhOptions {
 /// An address handle for UD sends. Move-only; keeps its protection domain alive.
 class AddressHandle {
  public:
-  /// ibv_create_ah(3). Throws Error (EINVAL, e.g. a RoCE AH without a GID).
+  /// ibv_create_ah(3). Throws Error (EINVAL, e.g. a RoCE AH without a GID, or a source GID of
+  /// another family than the destination: the message says which).
   AddressHandle(const ProtectionDomain& pd, const AhOptions& options, SourceLocation where = SourceLocation::current());
+  /// An AH from `local`'s port and GID to the peer `remote` (an Endpoint it sent): the usual
+  /// way to address a UD peer. `options` gives the rest (hop limit, traffic class, sl); its
+  /// dgid, dlid, sgid_index and port are taken from the two endpoints.
+  AddressHandle(const ProtectionDomain& pd, const QueuePair& local, const Endpoint& remote,
+                const AhOptions& options = {}, SourceLocation where = SourceLocation::current());
   /// ibv_create_ah_from_wc(3): an AH that answers the sender of a UD receive. `grh` is the first
   /// 40 bytes of the receive buffer.
   [[nodiscard]] static AddressHandle reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <system_error>
+#include <utility>
 
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -28,7 +29,7 @@ enum class WcOpcode : int {
   recv = IBV_WC_RECV,
   recv_rdma_with_imm = IBV_WC_RECV_RDMA_WITH_IMM,
 };
-/// The opcode's name, e.g. "RDMA_WRITE".
+/// The opcode's name, as its enumerator is spelled: "rdma_write", "recv_rdma_with_imm".
 std::string_view to_string(WcOpcode op) noexcept;
 
 /// One work completion. Layout-identical to ibv_wc, so polling writes straight into a span of
@@ -82,6 +83,12 @@ class Completion {
 };
 static_assert(sizeof(Completion) == sizeof(ibv_wc) && std::is_standard_layout_v<Completion>);
 
+namespace detail {
+/// What a moved-from CompletionQueue points at: a CQ whose poll fails, so that polling needs no
+/// null test and an empty queue still refuses with Errc::empty_object.
+ibv_cq* empty_cq() noexcept;
+}  // namespace detail
+
 /// Options of a CompletionQueue.
 struct CqOptions {
   int depth = 256;             ///< at least this many entries (devices round up)
@@ -101,9 +108,13 @@ class CompletionQueue {
   [[nodiscard]] static CompletionQueue adopt(std::shared_ptr<ibv_cq> cq);
 
   ///@{
-  /// Move-only: the moved-from object is empty.
-  CompletionQueue(CompletionQueue&&) noexcept = default;
-  CompletionQueue& operator=(CompletionQueue&&) noexcept = default;
+  /// Move-only: the moved-from object is empty. Polling or waiting on it fails with
+  /// Errc::empty_object; native_handle() is null.
+  CompletionQueue(CompletionQueue&& o) noexcept : cq_(std::exchange(o.cq_, empty_handle_())) {}
+  CompletionQueue& operator=(CompletionQueue&& o) noexcept {
+    cq_ = std::exchange(o.cq_, empty_handle_());
+    return *this;
+  }
   ///@}
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -117,7 +128,7 @@ class CompletionQueue {
     ec.clear();
     const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
     if (n < 0) [[unlikely]] {
-      ec.assign(detail::rc_to_errno(n), std::generic_category());
+      ec = poll_error_(n);
       return {};
     }
     return out.first(static_cast<std::size_t>(n));
@@ -125,7 +136,7 @@ class CompletionQueue {
   /// As above; throws Error only when the device reports a failure of the CQ itself.
   std::span<Completion> poll(std::span<Completion> out) {
     const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
-    if (n < 0) [[unlikely]] detail::throw_errno(detail::rc_to_errno(n), "ibv_poll_cq", SourceLocation::current());
+    if (n < 0) [[unlikely]] throw_poll_error_(n);
     return out.first(static_cast<std::size_t>(n));
   }
   /// One completion if one is ready.
@@ -172,16 +183,23 @@ class CompletionQueue {
   [[nodiscard]] int fd() const noexcept;
   /// True when made with a completion channel.
   [[nodiscard]] bool has_channel() const noexcept { return cq_->channel != nullptr; }
+  /// False for a moved-from (empty) CompletionQueue.
+  [[nodiscard]] explicit operator bool() const noexcept { return cq_.get() != detail::empty_cq(); }
   /// Entries the device actually gave the CQ (at least the depth asked for).
   [[nodiscard]] int capacity() const noexcept { return cq_->cqe; }
 
-  /// The C handle.
-  [[nodiscard]] ibv_cq* native_handle() const noexcept { return cq_.get(); }
+  /// The C handle; null for a moved-from CompletionQueue.
+  [[nodiscard]] ibv_cq* native_handle() const noexcept { return *this ? cq_.get() : nullptr; }
   /// Shared ownership of the CQ, for the QPs that use it.
   [[nodiscard]] const std::shared_ptr<ibv_cq>& shared_handle() const noexcept { return cq_; }
 
  private:
-  CompletionQueue() = default;
+  CompletionQueue() noexcept : cq_(empty_handle_()) {}
+  // Owns nothing: aliases the static empty CQ without a control block.
+  static std::shared_ptr<ibv_cq> empty_handle_() noexcept { return {std::shared_ptr<void>(), detail::empty_cq()}; }
+  [[nodiscard, gnu::cold, gnu::noinline]] std::error_code poll_error_(int rc) const noexcept;
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_poll_error_(int rc) const;
+  void check_not_empty_(const char* what, SourceLocation where) const;
   std::shared_ptr<ibv_cq> cq_;  // deleter destroys the channel after the CQ and holds the device context
 };
 

@@ -105,6 +105,11 @@ struct AsyncEvent {
   ibv_async_event raw{};  ///< element pointers stay meaningful while the objects live
   /// The event's name (ibv_event_type_str(3)).
   [[nodiscard]] std::string_view name() const noexcept { return ibv_event_type_str(type); }
+  /// The context given when the object the event concerns was created (QpOptions::context,
+  /// SrqOptions::context, the CQ's cq_context); null for port and device events.
+  [[nodiscard]] void* context() const noexcept;
+  /// The port of a port event (PORT_ACTIVE, PORT_ERR, GID_CHANGE, ...); 0 for other events.
+  [[nodiscard]] std::uint8_t port() const noexcept;
 };
 
 /// An opened device (ibv_open_device(3)). Move-only; every object made from it keeps the

@@ -57,6 +57,12 @@ enum class Errc : int {
   no_device,                ///< there is no RDMA device (or none by that name)
   timed_out,                ///< a wait ran out of time
   bad_argument,             ///< an option is out of range or inconsistent
+  empty_object,             ///< the object is empty: it was moved from (or never made)
+  inline_not_allowed,       ///< inline data on an operation that carries none (RDMA read, atomics)
+  atomics_unsupported,      ///< the device does not do atomics (atomic_cap NONE)
+  ud_message_too_large,     ///< a UD send larger than the port's MTU (the receiver would drop it silently)
+  ud_recv_too_small,        ///< a UD receive without room for the 40-byte GRH before the payload
+  ud_needs_address,         ///< a UD send without an address: SendWr::send(...).to(ah, qpn, qkey)
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.
@@ -119,6 +125,12 @@ class Error : public std::system_error {
 namespace detail {
 
 [[noreturn]] void throw_error(std::error_code code, std::string_view context, SourceLocation where);
+/// Throws Error(Errc::empty_object) saying that `what` (e.g. "QueuePair: the ProtectionDomain")
+/// is empty, unless `present`.
+inline void require_not_empty(bool present, std::string_view what, SourceLocation where) {
+  if (!present) [[unlikely]]
+    throw_error(make_error_code(Errc::empty_object), std::string(what) + " is empty (moved from)", where);
+}
 [[noreturn]] inline void throw_errno(int err, std::string_view verb, SourceLocation where) {
   throw_error(std::error_code(err, std::generic_category()), verb, where);
 }

@@ -138,7 +138,7 @@ class Buffer {
 
   /// The memory; null when empty.
   [[nodiscard]] std::byte* data() const noexcept { return data_; }
-  /// Bytes allocated (whole pages).
+  /// Bytes asked for; the allocation behind them is rounded up to whole pages.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// The memory as bytes.
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }
@@ -147,6 +147,12 @@ class Buffer {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+namespace detail {
+/// What a moved-from MemoryRegion points at: a region of no bytes, so that the accessors need
+/// no null test (and compilers see no null pointer in code that offsets data()).
+ibv_mr* empty_mr() noexcept;
+}  // namespace detail
 
 /// A registered memory region (ibv_reg_mr(3)). Move-only; keeps its protection domain alive.
 /// The memory must outlive the region, and every work request that uses it must have completed
@@ -159,9 +165,12 @@ class MemoryRegion {
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
                SourceLocation where = SourceLocation::current());
 
-  /// Registers any contiguous range of trivially copyable elements.
+  /// Registers any contiguous range of trivially copyable elements: an lvalue, or a borrowed
+  /// range (a span, a string_view-like view). A temporary container does not compile: it would
+  /// be freed at the end of the statement while the device keeps its address.
   template <std::ranges::contiguous_range R>
-    requires(std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
+    requires((std::is_lvalue_reference_v<R> || std::ranges::borrowed_range<R>) &&
+             std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&
              !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>> &&
              !std::is_same_v<std::remove_cvref_t<R>, std::span<std::byte>>)
   MemoryRegion(const ProtectionDomain& pd, R&& range, AccessFlags access = {},
@@ -174,7 +183,8 @@ class MemoryRegion {
                                              SourceLocation where = SourceLocation::current());
 
   /// Move-only: the moved-from region is empty.
-  MemoryRegion(MemoryRegion&&) noexcept = default;
+  MemoryRegion(MemoryRegion&& o) noexcept
+      : buffer_(std::move(o.buffer_)), mr_(std::exchange(o.mr_, empty_handle_())), access_(std::exchange(o.access_, {})) {}
   /// Deregisters the old region before its owned buffer is freed.
   MemoryRegion& operator=(MemoryRegion&& o) noexcept {
     MemoryRegion(std::move(o)).swap(*this);
@@ -190,18 +200,21 @@ class MemoryRegion {
     std::swap(access_, o.access_);
   }
 
-  /// The registered memory.
-  [[nodiscard]] std::span<std::byte> bytes() const noexcept {
-    return {static_cast<std::byte*>(mr_->addr), mr_->length};
-  }
-  /// Start of the registered memory.
+  // A moved-from region is empty: no memory, size 0, keys 0, and slice() of anything but
+  // nothing throws Error(Errc::empty_object).
+
+  /// The registered memory (empty for a moved-from region).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
+  /// Start of the registered memory (null for a moved-from region).
   [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
-  /// Bytes registered.
+  /// Bytes registered (0 for a moved-from region).
   [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
   /// Local key, for local slices.
   [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
   /// Remote key, for the peer (see remote()).
   [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+  /// False for a moved-from (empty) region.
+  [[nodiscard]] explicit operator bool() const noexcept { return mr_.get() != detail::empty_mr(); }
   /// The rights the region was registered with.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
 
@@ -210,7 +223,7 @@ class MemoryRegion {
   [[nodiscard]] LocalSlice slice(std::size_t offset, std::size_t len,
                                  SourceLocation where = SourceLocation::current()) const {
     if (offset > size() || len > size() - offset) [[unlikely]]
-      detail::throw_slice_error(Errc::local_out_of_bounds, offset, len, size(), where);
+      detail::throw_slice_error(*this ? Errc::local_out_of_bounds : Errc::empty_object, offset, len, size(), where);
     if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
       detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
     return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
@@ -227,17 +240,19 @@ class MemoryRegion {
   /// What the peer needs to read, write or use atomics on this region. The rkey only opens what
   /// `access()` grants.
   [[nodiscard]] RemoteSlice remote() const noexcept {
-    return {reinterpret_cast<std::uint64_t>(mr_->addr), mr_->length, mr_->rkey};  // NOLINT
+    return {reinterpret_cast<std::uint64_t>(data()), size(), rkey()};  // NOLINT
   }
 
-  /// The C handle.
-  [[nodiscard]] ibv_mr* native_handle() const noexcept { return mr_.get(); }
+  /// The C handle; null for a moved-from region.
+  [[nodiscard]] ibv_mr* native_handle() const noexcept { return *this ? mr_.get() : nullptr; }
 
  private:
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
+  // Owns nothing: aliases the static empty region without a control block.
+  static std::shared_ptr<ibv_mr> empty_handle_() noexcept { return {std::shared_ptr<void>(), detail::empty_mr()}; }
 
   Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
-  std::shared_ptr<ibv_mr> mr_;   // deleter holds the protection domain
+  std::shared_ptr<ibv_mr> mr_ = empty_handle_();  // deleter holds the protection domain
   AccessFlags access_;
 };
 

@@ -48,6 +48,7 @@ struct QpOptions {
   std::uint16_t pkey_index = 0;               ///< partition key index
   std::uint32_t qkey = 0x11111111;            ///< UD only
   std::optional<std::uint32_t> gid_index = std::nullopt;     ///< default: Device::choose_gid's pick
+  void* context = nullptr;  ///< qp_context: AsyncEvent::context() of the events this QP raises
 };
 
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
@@ -79,11 +80,19 @@ struct Endpoint {
 
 /// Attributes for RTR and RTS. The defaults never wait forever: on rxe a retry count of 7
 /// retries without end, and an rnr_retry of 7 is infinite by the specification.
+///
+/// Budgets of the defaults (4.096 us x 2^timeout per try; the RNR timer is the responder's):
+/// - a peer that stops answering: 7 tries of 67 ms, so a request fails with RETRY_EXC_ERR
+///   after about 0.5 s (more on a lossy link, where each loss costs one try);
+/// - a receiver without a posted receive (RNR): 6 retries 491.52 ms apart, so the receiver has
+///   about 2.9 s to post one before the send fails with RNR_RETRY_EXC_ERR. A send that meets
+///   RNR waits at least 491.52 ms, so post receives ahead; lower min_rnr_timer (e.g. 12,
+///   0.64 ms) to retry sooner with a correspondingly shorter budget.
 struct ConnectOptions {
   std::optional<Mtu> path_mtu = std::nullopt;               ///< default: the smaller of both ports' active MTU
   std::optional<std::uint8_t> max_rd_atomic = std::nullopt; ///< outstanding reads/atomics as initiator; default min(16, device)
   std::optional<std::uint8_t> max_dest_rd_atomic = std::nullopt; ///< as responder; default min(16, device)
-  std::uint8_t min_rnr_timer = 12;           ///< 0.64 ms
+  std::uint8_t min_rnr_timer = 31;           ///< RNR NAK timer (IB spec table): 31 = 491.52 ms, 12 = 0.64 ms, 0 = 655.36 ms
   std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
   std::uint8_t retry_cnt = 6;                ///< transport retries (7 is infinite on rxe)
   std::uint8_t rnr_retry = 6;                ///< receiver-not-ready retries (7 is infinite)
@@ -98,6 +107,10 @@ struct ConnectOptions {
 /// fails a check (slice bounds, atomic alignment and length, inline size, SGE count, QP type,
 /// QP state) is rejected with nothing posted. Buffers must stay valid, and regions registered,
 /// until the request's completion is polled (or, unsignaled, a later signaled one).
+///
+/// Threads: posts (send and receive) may run on several threads at once, and alongside
+/// query_state(); the state transitions and refresh_state() change what posts read, so they
+/// must not overlap a post on this QP.
 class QueuePair {
  public:
   /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an
@@ -122,15 +135,44 @@ class QueuePair {
                                        const ibv_qp_cap& granted, QpState state);
 
   ///@{
-  /// Move-only: the moved-from QP is empty.
-  QueuePair(QueuePair&&) noexcept = default;
-  QueuePair& operator=(QueuePair&&) noexcept = default;
+  /// Move-only: the moved-from QP is empty, and refuses every post (Errc::empty_object) and
+  /// transition (Error(Errc::empty_object)) instead of handing a null QP to the device.
+  QueuePair(QueuePair&& o) noexcept : QueuePair() { swap(o); }
+  QueuePair& operator=(QueuePair&& o) noexcept {
+    QueuePair(std::move(o)).swap(*this);
+    return *this;
+  }
   ///@}
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
   ~QueuePair() = default;
   /// Exchanges two QueuePairs.
-  void swap(QueuePair& o) noexcept { std::swap(*this, o); }
+  void swap(QueuePair& o) noexcept {
+    // Every member: a moved-from QP must end up as a default-constructed (empty) one.
+    qp_.swap(o.qp_);
+    std::swap(local_, o.local_);
+    std::swap(allowed_, o.allowed_);
+    std::swap(type_ops_, o.type_ops_);
+    std::swap(max_send_sge_, o.max_send_sge_);
+    std::swap(max_recv_sge_, o.max_recv_sge_);
+    std::swap(max_inline_, o.max_inline_);
+    std::swap(max_send_wr_, o.max_send_wr_);
+    std::swap(max_recv_wr_, o.max_recv_wr_);
+    std::swap(gid_index_, o.gid_index_);
+    std::swap(access_, o.access_);
+    std::swap(pkey_index_, o.pkey_index_);
+    std::swap(port_, o.port_);
+    std::swap(state_, o.state_);
+    std::swap(type_, o.type_);
+    std::swap(has_srq_, o.has_srq_);
+    std::swap(ethernet_, o.ethernet_);
+    std::swap(atomics_, o.atomics_);
+    std::swap(max_init_rd_atom_, o.max_init_rd_atom_);
+    std::swap(max_rd_atom_, o.max_rd_atom_);
+    std::swap(ud_max_, o.ud_max_);
+  }
+  /// False for a moved-from (empty) QP.
+  [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
 
   // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
   /// RESET -> INIT, with the access rights and port of the options.
@@ -149,8 +191,14 @@ class QueuePair {
   void reset(SourceLocation where = SourceLocation::current());
   /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
   void to_error(SourceLocation where = SourceLocation::current());
-  /// ibv_query_qp(3): the device's view, which can differ from state() after an error.
-  [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current());
+  /// ibv_query_qp(3): the device's view, which can differ from state() after an error (the
+  /// device moves a QP to ERR on a failed request). Changes nothing in this object, so it may be
+  /// called while another thread posts.
+  [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current()) const;
+  /// As query_state(), and makes the device's view this object's state(): for a QP whose
+  /// state something else changed (rdma_cm, or ibv_modify_qp on native_handle()). Like the
+  /// transitions, not while another thread posts on this QP.
+  QpState refresh_state(SourceLocation where = SourceLocation::current());
   /// The state of the last transition this object made (no system call).
   [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_); }
 
@@ -170,6 +218,8 @@ class QueuePair {
   ///@}
   /// The local GID index the QP uses (RoCE, or IB with a GRH).
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
+  /// The local port.
+  [[nodiscard]] std::uint8_t port() const noexcept { return port_; }
 
   // ---- posting ----
   // The one-request posts are always inlined (whatever the optimiser's size heuristics say), so
@@ -270,8 +320,9 @@ class QueuePair {
   /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
-    if (state_ == IBV_QPS_RESET) [[unlikely]] return PostResult::rejected(Errc::bad_qp_state, 0);
-    return RecvWr::post_chain(wrs, max_recv_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    if (state_ == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
+      return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
+    return RecvWr::post_chain(wrs, max_recv_sge_, type_ == QpType::ud ? 40u : 0u, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_recv(qp_.get(), wr, bad);
     });
   }
@@ -308,16 +359,24 @@ class QueuePair {
   [[nodiscard]] bool passes_(const SendWr& w) const noexcept {
     return w.err_ == 0 && ((allowed_ >> w.key_) & 1u) != 0 &&
            ((w.key_ & SendWr::one_sge_bit) != 0 || static_cast<std::uint32_t>(w.wr_.num_sge) <= max_send_sge_) &&
-           ((w.wr_.send_flags & IBV_SEND_INLINE) == 0 || w.total_ <= max_inline_);
+           ((w.wr_.send_flags & IBV_SEND_INLINE) == 0 || w.total_ <= max_inline_) &&
+           ((w.key_ & SendWr::ud_bit) == 0 || w.total_ <= ud_max_);
   }
   // Request `index` failed passes_(): which check, in the order they are documented.
   [[nodiscard, gnu::cold, gnu::noinline]] PostResult rejected_(const SendWr& w, std::uint32_t index) const noexcept {
     Errc e = Errc::bad_argument;  // not reached: passes_() would have held
-    if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
+    const unsigned op = w.key_ & (SendWr::one_sge_bit - 1);
+    const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (!qp_) e = Errc::empty_object;
+    else if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
     else if (w.err_ != 0) e = static_cast<Errc>(w.err_);
-    else if (((type_ops_ >> (w.key_ & (SendWr::one_sge_bit - 1))) & 1u) == 0) e = Errc::wrong_qp_type;
+    else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
+    else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (w.key_ & SendWr::ud_bit) == 0)
+      e = Errc::ud_needs_address;
+    else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
     else if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_send_sge_) e = Errc::too_many_sge;
     else if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) e = Errc::inline_too_large;
+    else if ((w.key_ & SendWr::ud_bit) != 0 && w.total_ > ud_max_) e = Errc::ud_message_too_large;
     return PostResult::rejected(e, index);
   }
   [[nodiscard, gnu::cold, gnu::noinline]] static PostResult device_error_(int rc) noexcept {
@@ -327,8 +386,7 @@ class QueuePair {
   void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
-  /// {max_qp_init_rd_atom, max_qp_rd_atom} of the device, for RTR and RTS.
-  [[nodiscard]] std::pair<std::uint8_t, std::uint8_t> rd_atomic_limits_(SourceLocation where) const;
+  void check_not_empty_(const char* what, SourceLocation where) const;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;
@@ -343,6 +401,9 @@ class QueuePair {
   QpType type_ = QpType::rc;
   bool has_srq_ = false;
   bool ethernet_ = false;
+  bool atomics_ = false;             // the device's atomic_cap is not NONE
+  std::uint8_t max_init_rd_atom_ = 0, max_rd_atom_ = 0;  // the device's max_qp_init_rd_atom, max_qp_rd_atom
+  std::uint32_t ud_max_ = 0;         // largest UD message: the port's active MTU
 };
 
 /// Exchanges two QueuePairs.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include <infiniband/verbs.h>
 
@@ -16,7 +17,8 @@ namespace verbs {
 struct SrqOptions {
   std::uint32_t max_wr = 256;  ///< receives it can hold (devices round up)
   std::uint32_t max_sge = 1;   ///< scatter/gather entries per receive
-  std::uint32_t limit = 0;  ///< 0: not armed; see arm()
+  std::uint32_t limit = 0;     ///< armed at creation when not 0 (with ibv_modify_srq, as arm() does)
+  void* context = nullptr;     ///< srq_context: AsyncEvent::context() of the events this SRQ raises
 };
 
 /// A receive queue shared by several QPs (wc.qp_num tells them apart). Move-only; keeps its
@@ -27,9 +29,13 @@ class SharedReceiveQueue {
   explicit SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions options = {}, SourceLocation where = SourceLocation::current());
 
   ///@{
-  /// Move-only: the moved-from object is empty.
-  SharedReceiveQueue(SharedReceiveQueue&&) noexcept = default;
-  SharedReceiveQueue& operator=(SharedReceiveQueue&&) noexcept = default;
+  /// Move-only: the moved-from object is empty, and refuses posts with Errc::empty_object.
+  SharedReceiveQueue(SharedReceiveQueue&& o) noexcept
+      : srq_(std::move(o.srq_)), max_wr_(std::exchange(o.max_wr_, 0)), max_sge_(std::exchange(o.max_sge_, 0)) {}
+  SharedReceiveQueue& operator=(SharedReceiveQueue&& o) noexcept {
+    SharedReceiveQueue(std::move(o)).swap(*this);
+    return *this;
+  }
   ///@}
   SharedReceiveQueue(const SharedReceiveQueue&) = delete;
   SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
@@ -45,7 +51,8 @@ class SharedReceiveQueue {
   /// Fails with Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
   ///@{
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
-    return RecvWr::post_chain(wrs, max_sge_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    if (!srq_) [[unlikely]] return PostResult::rejected(Errc::empty_object, 0);
+    return RecvWr::post_chain(wrs, max_sge_, 0, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_srq_recv(srq_.get(), wr, bad);
     });
   }

@@ -23,7 +23,7 @@ namespace verbs {
 struct PostOptions {
   std::uint64_t wr_id = 0;   ///< returned in the completion
   bool signaled = true;      ///< ask for a completion
-  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE); lkey unused
+  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE; sends and writes only); lkey unused
   bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
   bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)
 };
@@ -107,15 +107,18 @@ class SendWr {
   }
   ///@}
   ///@{
-  /// RDMA read of the front of `src` into `dst` (scattered across the slices).
+  /// RDMA read of the front of `src` into `dst` (scattered across the slices). Inline data
+  /// is refused (Errc::inline_not_allowed): a read carries no payload out.
   static SendWr read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_RDMA_READ, dst, o);
     w.remote_(src);
+    w.no_inline_(o);
     return w;
   }
   static SendWr read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_RDMA_READ, dst, o);
     w.remote_(src);
+    w.no_inline_(o);
     return w;
   }
   ///@}
@@ -140,18 +143,20 @@ class SendWr {
   }
   ///@}
   /// Atomic fetch-and-add on the 8-byte, 8-aligned `target`; the old value lands in `result`
-  /// (8 bytes, in the target's byte order, i.e. host order between like hosts).
+  /// (8 bytes, in the target's byte order, i.e. host order between like hosts). Not inline
+  /// (Errc::inline_not_allowed); refused on a device without atomics (Errc::atomics_unsupported).
   static SendWr fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, result, o);
-    w.atomic_(result, target);
+    w.atomic_(result, target, o);
     w.wr_.wr.atomic.compare_add = add;
     return w;
   }
-  /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in result.
+  /// Atomic compare-and-swap: if *target == compare, *target = swap; the old value lands in
+  /// result. Checked as fetch_add().
   static SendWr compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
                              const PostOptions& o = {}) noexcept {
     SendWr w(IBV_WR_ATOMIC_CMP_AND_SWP, result, o);
-    w.atomic_(result, target);
+    w.atomic_(result, target, o);
     w.wr_.wr.atomic.compare_add = compare;
     w.wr_.wr.atomic.swap = swap;
     return w;
@@ -161,6 +166,7 @@ class SendWr {
   /// must outlive the request's completion.
   SendWr& to(const AddressHandle& ah, std::uint32_t remote_qpn, std::uint32_t remote_qkey) noexcept {
     wr_.wr.ud.ah = ah.native_handle();
+    if (wr_.wr.ud.ah == nullptr) [[unlikely]] fail_(Errc::empty_object);  // a moved-from handle
     wr_.wr.ud.remote_qpn = remote_qpn;
     wr_.wr.ud.remote_qkey = remote_qkey;
     key_ |= ud_bit;
@@ -219,11 +225,16 @@ class SendWr {
     wr_.wr.rdma.rkey = r.rkey;
     if (total_ > r.length) fail_(Errc::remote_too_small);
   }
-  void atomic_(const LocalSlice& result, const RemoteSlice& target) noexcept {
+  void atomic_(const LocalSlice& result, const RemoteSlice& target, const PostOptions& o) noexcept {
     wr_.wr.atomic.remote_addr = target.addr;
     wr_.wr.atomic.rkey = target.rkey;
     if (result.length() != 8 || target.length != 8) fail_(Errc::atomic_length);
     if (target.addr % 8 != 0) fail_(Errc::atomic_misaligned);
+    no_inline_(o);
+  }
+  // Only sends and writes carry a payload out, so only they may be inline (ibv_post_send(3)).
+  void no_inline_(const PostOptions& o) noexcept {
+    if (o.inline_data) fail_(Errc::inline_not_allowed);
   }
   void fail_(Errc e) noexcept {
     if (err_ == 0) err_ = static_cast<std::uint16_t>(e);
@@ -264,14 +275,18 @@ class RecvWr {
   friend class SharedReceiveQueue;
 
   /// Checks and links a chain, then hands it to `post` (ibv_post_recv or ibv_post_srq_recv).
+  /// `min_bytes`: the room each receive needs (40 for the GRH on UD; 0 otherwise).
   template <typename PostFn>
-  static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, PostFn&& post) noexcept {
+  static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, std::uint32_t min_bytes,
+                               PostFn&& post) noexcept {
     if (wrs.empty()) return {};
     for (std::size_t i = 0; i < wrs.size(); ++i) {
       RecvWr& w = wrs[i];
       if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_sge) [[unlikely]]
         return PostResult::rejected(Errc::too_many_sge, static_cast<std::uint32_t>(i));
       if (w.own_sge_) w.wr_.sg_list = &w.sge_;
+      if (min_bytes != 0 && w.bytes_() < min_bytes) [[unlikely]]
+        return PostResult::rejected(Errc::ud_recv_too_small, static_cast<std::uint32_t>(i));
       w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
     }
     ibv_recv_wr* bad = nullptr;
@@ -282,6 +297,12 @@ class RecvWr {
       return PostResult::device_error(detail::rc_to_errno(rc), at);
     }
     return {};
+  }
+
+  [[nodiscard]] std::uint64_t bytes_() const noexcept {
+    std::uint64_t n = 0;
+    for (int i = 0; i < wr_.num_sge; ++i) n += wr_.sg_list[i].length;
+    return n;
   }
 
   ibv_recv_wr wr_{};

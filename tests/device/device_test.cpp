@@ -4,7 +4,11 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -154,6 +158,55 @@ TEST_F(Device, ChooseGidPicksTheRoceV2Ipv4EntryAndSaysWhy) {
   const verbs::QueuePair qp(*pd, cq);
   EXPECT_EQ(qp.gid_index(), c.entry.index);
   EXPECT_EQ(qp.endpoint().gid, c.entry.gid);
+}
+
+// Changes the network setup for real, so only in the throwaway VM of scripts/rxe-vm: veth0
+// loses its IPv4 address and gets a global IPv6 one. choose_gid must then take the global
+// address (fe80:: is not routable), and must not keep the IPv4-mapped GID it chose before.
+bool in_rxe_vm() {
+  char host[64] = {};
+  return ::gethostname(host, sizeof host - 1) == 0 && std::string(host) == "rxe-vm" && ::access("/run/rxe-vm", F_OK) == 0;
+}
+
+bool run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+/// Waits up to 5 s for the port's chosen GID to satisfy `want`.
+template <typename Want>
+std::optional<verbs::GidChoice> chosen_when(const verbs::Device& d, Want want) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::optional<verbs::GidChoice> c;
+  do {
+    try {
+      c = d.choose_gid(1);
+      if (want(*c)) return c;
+    } catch (const verbs::Error&) {
+      c.reset();
+    }
+    std::this_thread::sleep_for(50ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  return c;
+}
+
+TEST_F(Device, OnAnIpv6OnlyPortChooseGidTakesTheGlobalAddress) {
+  if (!in_rxe_vm()) GTEST_SKIP() << "changes the network setup: runs only in the scripts/rxe-vm VM";
+  const std::string addr = env_or_empty("VERBS_TEST_ADDR");
+  const std::string netdev = netdev_with_address(addr);
+  ASSERT_FALSE(netdev.empty());
+  const auto before = dev->choose_gid(1);
+  ASSERT_TRUE(before.entry.gid.is_ipv4_mapped());
+  struct Restore {
+    std::string addr, netdev;
+    ~Restore() {
+      run("ip -6 addr del 2001:db8::1/64 dev " + netdev);
+      run("ip addr add " + addr + "/24 dev " + netdev);
+    }
+  } restore{addr, netdev};
+  ASSERT_TRUE(run("ip -6 addr add 2001:db8::1/64 dev " + netdev + " nodad"));
+  ASSERT_TRUE(run("ip addr del " + addr + "/24 dev " + netdev));
+  const auto c = chosen_when(*dev, [](const verbs::GidChoice& g) { return !g.entry.gid.is_ipv4_mapped(); });
+  ASSERT_TRUE(c) << "no usable GID without the IPv4 address";
+  EXPECT_EQ(c->entry.gid.to_string(), "2001:db8::1") << c->reason;
+  EXPECT_EQ(c->entry.type, GidType::roce_v2);
 }
 
 TEST_F(Device, WaitAsyncEventTimesOutEmpty) {

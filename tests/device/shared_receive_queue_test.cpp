@@ -130,6 +130,43 @@ TEST_F(SharedReceiveQueue, LimitEventFiresWhenReceivesDropBelowTheLimit) {
   if (const auto again = dev->wait_async_event(200ms)) ADD_FAILURE() << "second event: " << again->name();
 }
 
+// ibv_create_srq(3): srq_limit "is irrelevant" at creation (hardware ignores it); only
+// ibv_modify_srq arms it, so SrqOptions::limit must be armed that way.
+TEST_F(SharedReceiveQueue, ALimitGivenAtCreationIsArmed) {
+  verbs::SharedReceiveQueue armed(*pd, {.max_wr = 64, .limit = 4});
+  EXPECT_EQ(armed.limit(), 4u);
+}
+
+// An async event leads back to the object it concerns: the context given at creation is the
+// event's element's context.
+TEST_F(SharedReceiveQueue, TheLimitEventCarriesTheSrqsContext) {
+  int marker = 0;
+  verbs::SharedReceiveQueue own(*pd, {.max_wr = 16, .limit = 2, .context = &marker});
+  verbs::QueuePair server(*pd, *server_cq, verbs::QpOptions{.srq = &own, .access = all_access});
+  verbs::QueuePair client(*pd, *client_cq, verbs::QpOptions{.access = all_access});
+  client.connect(server.endpoint(), QpPair::fast());
+  server.connect(client.endpoint(), QpPair::fast());
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(posted(own.post_recv(slots->slice(i * kSlot, kSlot), i)));
+  ASSERT_TRUE(posted(client.post_send(src->slice(0, 16), {.wr_id = 1})));
+  ASSERT_TRUE(posted(client.post_send(src->slice(0, 16), {.wr_id = 2})));
+  (void)collect(*client_cq, 2);
+  (void)collect(*server_cq, 2);
+  const auto ev = dev->wait_async_event(5s);
+  ASSERT_TRUE(ev) << "no SRQ limit event within 5 s";
+  EXPECT_EQ(ev->type, IBV_EVENT_SRQ_LIMIT_REACHED) << ev->name();
+  EXPECT_EQ(ev->context(), &marker);
+}
+
+// QP events (LAST_WQE_REACHED, QP_FATAL, ...) name the ibv_qp, whose qp_context is the one
+// given at creation (rxe raised no LAST_WQE_REACHED when an SRQ QP went to ERR: see the host
+// test of AsyncEvent::context for the mapping).
+TEST_F(SharedReceiveQueue, AQpCarriesTheContextItWasCreatedWith) {
+  int marker = 0;
+  verbs::QueuePair server(*pd, *server_cq, verbs::QpOptions{.srq = &*srq, .access = all_access, .context = &marker});
+  EXPECT_EQ(server.native_handle()->qp_context, &marker);
+  EXPECT_EQ(srq->native_handle()->srq_context, nullptr);
+}
+
 TEST_F(SharedReceiveQueue, ArmingAboveItsCapacityThrowsEinval) {
   const auto e = thrown_error([&] { srq->arm(1u << 30); });
   ASSERT_TRUE(e);

@@ -88,11 +88,9 @@ TEST_F(CoreThreads, TwoPostersAndARegistrarShareOneDeviceAndPd) {
   EXPECT_GT(registered.load(), 0) << "the registrar never registered a region while the posters ran";
 }
 
-// libibverbs lets ibv_query_qp and ibv_post_send run on one QP from two threads at once, so
-// QueuePair::query_state() from a monitoring thread must not disturb posts on another (issue 10,
-// item 11). ThreadSanitizer does not report query_state's unsynchronised rewrite of the state the
-// post path reads here (a plain int written at the same two places is reported): it sees some
-// ordering through libibverbs' calls, so a pass under TSan does not prove that race absent.
+// libibverbs lets ibv_query_qp and ibv_post_send run on one QP from two threads at once, and
+// query_state() only reads the device's view (refresh_state() is the one that changes what posts
+// read): a monitoring thread may query a QP while another posts on it (README, Threads).
 TEST_F(CoreThreads, QueryStateWhileAnotherThreadPosts) {
   QpPair p(*dev, *pd, {.max_send_wr = 16, .access = all_access}, QpPair::fast(), {.depth = 64});
   auto src = verbs::MemoryRegion::allocate(*pd, 4096, all_access);

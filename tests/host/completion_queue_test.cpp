@@ -2,6 +2,7 @@
 // the provider it was created by, reports its errors, and is destroyed by its own deleter.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -143,4 +144,52 @@ TEST(CompletionQueueArm, ArmAndPollWithoutAChannelIsRefused) {
   EXPECT_EQ(ec, verbs::Errc::bad_argument);
   EXPECT_EQ(stub.armed, 0);
   EXPECT_THROW((void)cq.arm_and_poll(out), verbs::Error);
+}
+
+TEST(CompletionQueueAdopt, MovedFromCompletionQueueRefusesToPoll) {
+  verbs_stub::Provider stub;
+  stub.ready = 1;
+  CompletionQueue cq = stub.completion_queue();
+  CompletionQueue moved(std::move(cq));
+  EXPECT_FALSE(static_cast<bool>(cq));  // NOLINT(bugprone-use-after-move): what this test is about
+  EXPECT_EQ(cq.native_handle(), nullptr);
+  EXPECT_FALSE(cq.has_channel());
+  EXPECT_EQ(cq.capacity(), 0);
+  std::array<Completion, 2> out{};
+  std::error_code ec;
+  EXPECT_TRUE(cq.poll(out, ec).empty());
+  EXPECT_EQ(ec, verbs::Errc::empty_object);
+  EXPECT_THROW((void)cq.poll(out), verbs::Error);
+  EXPECT_TRUE(cq.wait(out, std::chrono::milliseconds(1), ec).empty());
+  EXPECT_EQ(ec, verbs::Errc::empty_object);
+  EXPECT_THROW(cq.req_notify(), verbs::Error);
+  EXPECT_EQ(moved.poll(out).size(), 1u);
+  cq = std::move(moved);
+  EXPECT_EQ(cq.poll(out).size(), 1u);
+  EXPECT_EQ(moved.poll(out, ec).size(), 0u);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(ec, verbs::Errc::empty_object);
+}
+
+TEST(CompletionQueueAdopt, AdoptingMakesTheChannelNonBlocking) {
+  StubWithChannel s;
+  ASSERT_EQ(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
+  CompletionQueue cq = s.stub.completion_queue();
+  EXPECT_NE(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0) << "consume_events() would block on the channel";
+  EXPECT_EQ(cq.consume_events(), 0);
+}
+
+TEST(CompletionQueueArm, WaitingForeverWaits) {
+  // milliseconds::max() overflowed steady_clock's now() + timeout, and wait() returned at once.
+  StubWithChannel s;
+  s.stub.ready_on_arm = 1;  // the completion comes only once the wait has gone as far as arming
+  CompletionQueue cq = s.stub.completion_queue();
+  std::array<Completion, 2> out{};
+  EXPECT_EQ(cq.wait(out, std::chrono::milliseconds::max()).size(), 1u);
+  EXPECT_EQ(s.stub.armed, 1);
+}
+
+TEST(WcOpcode, NamesAreTheEnumeratorsSpelling) {
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::rdma_write), "rdma_write");
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::recv_rdma_with_imm), "recv_rdma_with_imm");
+  EXPECT_EQ(verbs::to_string(verbs::WcOpcode::fetch_add), "fetch_add");
 }

@@ -2,6 +2,8 @@
 // Mtu helpers. The no-device cases skip on a host that has one (e.g. with SoftRoCE).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -10,14 +12,20 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #include <verbs/device.hpp>
 
 #include "support/expect.hpp"
+#include "support/stub_provider.hpp"
+#include "detail.hpp"
 
 namespace {
 
@@ -170,6 +178,164 @@ TEST(GidType, NamesEachType) {
   EXPECT_EQ(verbs::to_string(verbs::GidType::ib), "IB");
   EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v1), "RoCE v1");
   EXPECT_EQ(verbs::to_string(verbs::GidType::roce_v2), "RoCE v2");
+}
+
+}  // namespace
+
+// ---- async events and waits on a stub context (support/stub_provider.hpp) ----
+namespace {
+
+struct StubAsyncFd {
+  verbs_stub::Provider stub;
+  int fds[2] = {-1, -1};
+  StubAsyncFd() {
+    EXPECT_EQ(::pipe(fds), 0);
+    stub.vctx.context.async_fd = fds[0];  // never written: no event comes
+  }
+  ~StubAsyncFd() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  StubAsyncFd(const StubAsyncFd&) = delete;
+  StubAsyncFd& operator=(const StubAsyncFd&) = delete;
+};
+
+void on_signal(int) {}
+
+TEST(DeviceAdopt, AdoptingMakesTheAsyncFdNonBlocking) {
+  StubAsyncFd s;
+  ASSERT_EQ(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
+  const verbs::Device dev = s.stub.device_handle();
+  EXPECT_EQ(dev.name(), "stub0");
+  EXPECT_NE(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
+}
+
+TEST(DeviceAdopt, ASignalDoesNotEndTheWaitForAnAsyncEvent) {
+  StubAsyncFd s;
+  const verbs::Device dev = s.stub.device_handle();
+  struct sigaction sa {};
+  struct sigaction old {};
+  sa.sa_handler = &on_signal;  // no SA_RESTART: poll(2) returns EINTR
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  const pthread_t waiter = ::pthread_self();
+  std::thread poker([waiter] {
+    for (int i = 0; i < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ::pthread_kill(waiter, SIGUSR1);
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const auto ev = dev.wait_async_event(std::chrono::milliseconds(400));
+  const auto took = std::chrono::steady_clock::now() - start;
+  poker.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_FALSE(ev.has_value());
+  EXPECT_GE(took, std::chrono::milliseconds(400)) << "the wait ended at the first signal, as if it had timed out";
+}
+
+}  // namespace
+
+namespace {
+
+TEST(AsyncEvent, ContextIsThatOfTheObjectTheEventConcerns) {
+  int q = 0, r = 0, c = 0;
+  ibv_qp qp{};
+  qp.qp_context = &q;
+  ibv_srq srq{};
+  srq.srq_context = &r;
+  ibv_cq cq{};
+  cq.cq_context = &c;
+  verbs::AsyncEvent ev;
+  for (const ibv_event_type t : {IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_QP_ACCESS_ERR}) {
+    ev.type = t;
+    ev.raw.element.qp = &qp;
+    EXPECT_EQ(ev.context(), &q) << ev.name();
+    EXPECT_EQ(ev.port(), 0);
+  }
+  ev.type = IBV_EVENT_SRQ_LIMIT_REACHED;
+  ev.raw.element.srq = &srq;
+  EXPECT_EQ(ev.context(), &r);
+  ev.type = IBV_EVENT_CQ_ERR;
+  ev.raw.element.cq = &cq;
+  EXPECT_EQ(ev.context(), &c);
+  ev.type = IBV_EVENT_PORT_ERR;
+  ev.raw.element.port_num = 1;
+  EXPECT_EQ(ev.context(), nullptr);
+  EXPECT_EQ(ev.port(), 1);
+  ev.type = IBV_EVENT_DEVICE_FATAL;
+  EXPECT_EQ(ev.context(), nullptr);
+  EXPECT_EQ(ev.port(), 0);
+}
+
+}  // namespace
+
+// ---- the GID choice, on tables as RoCE ports have them ----
+namespace {
+
+using verbs::GidEntry;
+using verbs::GidType;
+
+GidEntry gid_entry(std::uint32_t index, const char* text, GidType type, const char* netdev) {
+  GidEntry e;
+  in6_addr a{};
+  EXPECT_EQ(::inet_pton(AF_INET6, text, &a), 1) << text;
+  std::memcpy(e.gid.raw.data(), &a, 16);
+  e.index = index;
+  e.type = type;
+  e.netdev = netdev;
+  return e;
+}
+
+constexpr GidType v1 = GidType::roce_v1;
+constexpr GidType v2 = GidType::roce_v2;
+
+TEST(ChooseGid, Ipv4MappedRoceV2OnTheOwnNetdevFirst) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v1, "eth0"), gid_entry(1, "fe80::1", v2, "eth0"),
+                                                 gid_entry(2, "::ffff:192.0.2.1", v1, "eth0"),
+                                                 gid_entry(3, "::ffff:192.0.2.1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 3u);
+  EXPECT_TRUE(c->reason.starts_with("RoCE v2 with an IPv4-mapped address (routable")) << c->reason;
+}
+
+TEST(ChooseGid, AnIpv6OnlyPortGetsItsGlobalAddressNotLinkLocal) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"), gid_entry(1, "2001:db8::1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.gid.to_string(), "2001:db8::1") << "fe80:: is not routable";
+  EXPECT_TRUE(verbs::test::contains(c->reason, "global IPv6")) << c->reason;
+}
+
+TEST(ChooseGid, ThePortsOwnNetdevComesBeforeAVlanOrMacvlanOnIt) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"),
+                                                 gid_entry(1, "::ffff:10.1.0.1", v2, "eth0.100"),
+                                                 gid_entry(2, "fe80::2", v2, "eth0.100"),
+                                                 gid_entry(3, "::ffff:192.0.2.1", v2, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 3u);
+  EXPECT_EQ(c->entry.netdev, "eth0");
+}
+
+TEST(ChooseGid, OnlyAVlanAddressIsTakenAndSaidSo) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"),
+                                                 gid_entry(1, "::ffff:10.1.0.1", v2, "eth0.100")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 1u) << "a routable address on a VLAN beats link-local on the port";
+  EXPECT_TRUE(verbs::test::contains(c->reason, "eth0.100")) << c->reason;
+}
+
+TEST(ChooseGid, LinkLocalOnlyIsTheLastRoceV2ChoiceAndSaysSo) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v2, "eth0"), gid_entry(1, "fe80::1", v1, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 0u);
+  EXPECT_TRUE(verbs::test::contains(c->reason, "link-local")) << c->reason;
+}
+
+TEST(ChooseGid, RoceV1OnlyAndNothing) {
+  const auto c = verbs::detail::choose_roce_gid({gid_entry(0, "fe80::1", v1, "eth0"), gid_entry(1, "::ffff:192.0.2.1", v1, "eth0")});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->entry.index, 1u);
+  EXPECT_TRUE(verbs::test::contains(c->reason, "RoCE v1")) << c->reason;
+  EXPECT_FALSE(verbs::detail::choose_roce_gid({}));
 }
 
 }  // namespace

@@ -49,6 +49,17 @@ constexpr std::byte b(unsigned v) { return static_cast<std::byte>(v); }
 static_assert(std::is_aggregate_v<RemoteSlice>);
 static_assert(RemoteSlice::wire_size == 24);
 
+// A temporary container would be freed at the end of the statement while the device keeps
+// its address: only lvalues and borrowed ranges (views of someone else's memory) register.
+static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::vector<int>>);
+static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::vector<int>&&>);
+static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::array<int, 4>>);
+static_assert(std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::vector<int>&>);
+static_assert(std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::array<int, 4>&>);
+static_assert(std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::span<int>>);
+static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, const std::vector<int>&>,
+              "read-only memory cannot be registered for the device to write");
+
 TEST(RemoteSlice, EncodeDecodeRoundTrips) {
   const RemoteSlice cases[] = {
       {},

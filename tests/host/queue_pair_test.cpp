@@ -93,10 +93,11 @@ TEST(QueuePairStub, WrongQpTypeComesBeforeTooManySge) {
   EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::too_many_sge));
 }
 
-TEST(QueuePairStub, UnaddressedSendOnUdIsWrongQpType) {
+TEST(QueuePairStub, UnaddressedSendOnUdSaysItNeedsAnAddressAndRdmaIsWrongQpType) {
   verbs_stub::Provider stub;
   verbs::QueuePair qp = stub.queue_pair({.type = QpType::ud});
-  EXPECT_TRUE(rejected(qp.post_send(kSrc), Errc::wrong_qp_type));
+  EXPECT_TRUE(rejected(qp.post_send(kSrc), Errc::ud_needs_address));
+  EXPECT_TRUE(rejected(qp.post_send_imm(kSrc, 1), Errc::ud_needs_address));
   EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::wrong_qp_type));
   EXPECT_EQ(stub.posted_sends, 0);
 }
@@ -227,6 +228,61 @@ TEST(QueuePairStub, ProviderErrorIsReportedAsItsErrno) {
   std::vector<SendWr> chain{SendWr::write(kSrc, kDst), SendWr::send(kSrc)};
   stub.post_rc = -EAGAIN;  // some providers return a negated errno
   EXPECT_EQ(qp.post(chain).error(), std::error_code(EAGAIN, std::generic_category()));
+}
+
+// ---- inline data, atomics, moved-from QPs ----
+
+TEST(QueuePairStub, InlineDataIsRefusedOnReadsAndAtomics) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(1, 256));
+  const verbs::PostOptions in{.inline_data = true};
+  EXPECT_TRUE(rejected(qp.post_read(kSrc, kDst, in), Errc::inline_not_allowed));
+  EXPECT_TRUE(rejected(qp.post_fetch_add(kResult, kTarget, 1, in), Errc::inline_not_allowed));
+  EXPECT_TRUE(rejected(qp.post_compare_swap(kResult, kTarget, 1, 2, in), Errc::inline_not_allowed));
+  EXPECT_EQ(stub.posted_sends, 0);
+  EXPECT_TRUE(qp.post_write(kSrc, kDst, in).ok()) << "writes and sends may be inline";
+  EXPECT_TRUE(qp.post_send(kSrc, in).ok());
+  EXPECT_EQ(stub.posted_sends, 2);
+}
+
+TEST(QueuePairStub, AtomicsAreRefusedWhenTheDeviceHasNone) {
+  verbs_stub::Provider stub;
+  stub.atomic_cap = IBV_ATOMIC_NONE;
+  verbs::QueuePair qp = stub.queue_pair();
+  EXPECT_TRUE(rejected(qp.post_fetch_add(kResult, kTarget, 1), Errc::atomics_unsupported));
+  EXPECT_TRUE(rejected(qp.post_compare_swap(kResult, kTarget, 1, 2), Errc::atomics_unsupported));
+  EXPECT_EQ(stub.posted_sends, 0);
+  EXPECT_TRUE(qp.post_read(kSrc, kDst).ok());
+}
+
+TEST(QueuePairStub, MovedFromQueuePairRefusesEveryPostAndTransition) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair();
+  verbs::QueuePair moved(std::move(qp));
+  EXPECT_TRUE(static_cast<bool>(moved));
+  EXPECT_FALSE(static_cast<bool>(qp));  // NOLINT(bugprone-use-after-move): what this test is about
+  EXPECT_EQ(qp.native_handle(), nullptr);
+  EXPECT_TRUE(rejected(qp.post_write(kSrc, kDst), Errc::empty_object));
+  std::vector<SendWr> chain{SendWr::write(kSrc, kDst), SendWr::send(kSrc)};
+  EXPECT_TRUE(rejected(qp.post(chain), Errc::empty_object));
+  EXPECT_TRUE(rejected(qp.post_recv(kSrc), Errc::empty_object));
+  EXPECT_EQ(stub.posted_sends, 0);
+  EXPECT_EQ(stub.posted_recvs, 0);
+  EXPECT_THROW(qp.to_error(), verbs::Error);
+  EXPECT_THROW((void)qp.query_state(), verbs::Error);
+  try {
+    qp.reset();
+    ADD_FAILURE() << "reset() of a moved-from QueuePair did not throw";
+  } catch (const verbs::Error& e) {
+    EXPECT_EQ(e.code(), Errc::empty_object);
+    EXPECT_NE(std::string(e.what()).find("moved from"), std::string::npos) << e.what();
+  }
+  // The moved-to QP works, and move assignment hands it back.
+  EXPECT_TRUE(moved.post_write(kSrc, kDst).ok());
+  qp = std::move(moved);
+  EXPECT_TRUE(qp.post_write(kSrc, kDst).ok());
+  EXPECT_TRUE(rejected(moved.post_write(kSrc, kDst), Errc::empty_object));  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(stub.posted_sends, 2);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // ibv_post_send, ibv_post_recv and ibv_poll_cq are inline in <infiniband/verbs.h> and call
 // ctx->ops.post_send / post_recv / poll_cq; ibv_query_port goes through the extended context's
 // query_port. QueuePair::adopt asks only for the port (an InfiniBand port and no gid_index: no
-// GID query), and CompletionQueue::adopt asks nothing.
+// GID query) and the device attributes (ibv_query_device_ex), and CompletionQueue::adopt asks
+// nothing.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +28,7 @@ namespace verbs_stub {
 /// into it.
 struct Provider {
   verbs_context vctx{};
+  ibv_device device{};
   ibv_qp qp{};
   ibv_cq cq{};
 
@@ -38,13 +40,18 @@ struct Provider {
   ibv_wc completion{};                  // what each polled entry is
   int ready = 0;                        // entries each poll returns, at most what was asked
   int poll_rc = 0;                      // when negative, what poll returns instead
+  ibv_atomic_cap atomic_cap = IBV_ATOMIC_HCA;  // what ibv_query_device_ex reports
   int armed = 0;                        // ibv_req_notify_cq calls
   int ready_on_arm = 0;                 // a completion "landing while arming": ready becomes this
 
   Provider() {
     vctx.sz = sizeof(verbs_context);
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    vctx.context.device = &device;
+    vctx.context.async_fd = -1;  // a test that waits for async events sets one
+    std::strcpy(device.name, "stub0");
     vctx.query_port = &query_port;
+    vctx.query_device_ex = &query_device_ex;
     vctx.context.ops.post_send = &post_send;
     vctx.context.ops.post_recv = &post_recv;
     vctx.context.ops.poll_cq = &poll_cq;
@@ -69,6 +76,10 @@ struct Provider {
     qp.state = static_cast<ibv_qp_state>(state);
     return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state);
   }
+  /// The stub context as a verbs::Device (it asks for the device attributes only).
+  verbs::Device device_handle() {
+    return verbs::Device::adopt(std::shared_ptr<ibv_context>(&vctx.context, [](ibv_context*) {}));
+  }
   /// The stub CQ as a verbs::CompletionQueue.
   verbs::CompletionQueue completion_queue() {
     return verbs::CompletionQueue::adopt(std::shared_ptr<ibv_cq>(&cq, [](ibv_cq*) {}));
@@ -77,6 +88,15 @@ struct Provider {
   static Provider& of(ibv_context* ctx) {
     // The context is the verbs_context's last member; the Provider starts with the verbs_context.
     return *reinterpret_cast<Provider*>(reinterpret_cast<char*>(ctx) - offsetof(verbs_context, context));  // NOLINT
+  }
+  static int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr,
+                             std::size_t) {
+    *attr = ibv_device_attr_ex{};
+    attr->orig_attr.atomic_cap = of(ctx).atomic_cap;
+    attr->orig_attr.max_qp_rd_atom = 16;
+    attr->orig_attr.max_qp_init_rd_atom = 16;
+    attr->orig_attr.phys_port_cnt = 1;
+    return 0;
   }
   static int query_port(ibv_context*, std::uint8_t, ibv_port_attr* attr, std::size_t) {
     *attr = ibv_port_attr{};
