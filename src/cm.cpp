@@ -190,6 +190,11 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
          "private data of " + std::to_string(o.private_data.size()) + " bytes" +
              (extra != 0 ? " plus the 24-byte exposed slice" : "") + " exceeds the limit of " + std::to_string(limit) +
              " bytes; nothing was sent", where);
+  if (detail::cm_private_data_ambiguous(o.expose, o.private_data))
+    fail(EINVAL, phase,
+         "the private data begins with the wire form of a RemoteSlice, which the peer would take for an exposed "
+         "slice (ConnectionOptions::expose): use .expose for a slice, or start the data differently; nothing was sent",
+         where);
   return detail::frame_cm_private_data(o.expose, o.private_data);
 }
 

@@ -26,6 +26,14 @@ inline std::vector<std::byte> frame_cm_private_data(const std::optional<RemoteSl
   return out;
 }
 
+/// True when the peer could not tell `user` from an exposed slice: no slice is exposed, and the
+/// bytes begin with a valid slice's wire form (the framing has no "slice present" flag, so that
+/// private data without `expose` reaches any rdma_cm peer unchanged). Such data is refused.
+inline bool cm_private_data_ambiguous(const std::optional<RemoteSlice>& expose, std::span<const std::byte> user) {
+  std::error_code ec;
+  return !expose && user.size() >= RemoteSlice::wire_size && RemoteSlice::decode(user.first(RemoteSlice::wire_size), ec);
+}
+
 /// The peer's private data, split: an exposed slice (when the first 24 bytes decode as one)
 /// and the rest, which is all of it when they do not.
 struct CmPeerPrivateData {

@@ -39,10 +39,11 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   }
   const verbs::detail::CmPeerPrivateData back =
       verbs::detail::parse_cm_private_data(verbs::detail::frame_cm_private_data(slice, user));
-  // Without an exposed slice, user bytes that begin with a valid slice's wire form are read as
-  // one: the framing has no flag for "exposed present" (reported with issue 10's fuzzing).
+  // Without an exposed slice, user bytes that begin with a valid slice's wire form would be read
+  // as one (the framing has no "slice present" flag): cm refuses to send them.
   std::error_code ec;
   const bool ambiguous = !slice && user.size() >= n && verbs::RemoteSlice::decode(user.first(n), ec);
+  FUZZ_CHECK(ambiguous == verbs::detail::cm_private_data_ambiguous(slice, user));
   if (!ambiguous) {
     FUZZ_CHECK(back.remote == slice);
     FUZZ_CHECK(std::equal(back.rest.begin(), back.rest.end(), user.begin(), user.end()));
