@@ -140,7 +140,10 @@ case $case_name in
   write_pingpong.killed)
     # The server dies (kill -9) in the middle of a long run. rdma_cm tells the client within
     # milliseconds; the client, busy-polling for the server's answer, must say that the peer
-    # disconnected, at once (within 3 s here), not fail seconds later on a flushed request.
+    # disconnected, not fail seconds later on a flushed request (7.9 s, "Work Request Flushed",
+    # before spin()). The message is the check. The time is printed; its bound only catches a
+    # hang, since the kill reaches the peer only once the kernel has torn the dying process
+    # down, which took from 1.7 to 6.9 s for an ASan build's server (55 ms for a plain one).
     start_server -n 100000000
     start client -p "$port" -n 100000000 "$addr"
     sleep 3  # connected, and in the middle of the ping-pong
@@ -155,7 +158,7 @@ case $case_name in
     pids=() labels=()
     [ "$status" -eq 1 ] || fail "the client exited with $status, expected 1"
     expect_err client "the peer disconnected"
-    [ "$took_ms" -lt 3000 ] || fail "the client took $took_ms ms to notice (expected < 3000)"
+    [ "$took_ms" -lt $((20000 * scale)) ] || fail "the client took $took_ms ms to notice (expected < $((20000 * scale)))"
     ;;
   send_recv)
     # Three clients at once, each with its own message size and count.
