@@ -68,6 +68,8 @@ AddressHandle::AddressHandle(const ProtectionDomain& pd, const QueuePair& local,
 
 AddressHandle AddressHandle::reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,
                                       std::uint8_t port) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "AddressHandle::reply_to: the ProtectionDomain",
+                            SourceLocation::current());
   ibv_wc copy = wc.native();
   ibv_ah* ah = detail::check_ptr(
       ibv_create_ah_from_wc(pd.native_handle(), &copy, static_cast<ibv_grh*>(const_cast<void*>(grh)), port),  // NOLINT

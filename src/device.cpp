@@ -91,8 +91,11 @@ std::string Gid::to_string() const {
   return text;
 }
 
-void* AsyncEvent::context() const noexcept {
-  switch (type) {
+AsyncEvent AsyncEvent::from(const ibv_async_event& e) noexcept {
+  AsyncEvent ev;
+  ev.raw = e;
+  ev.type = e.event_type;
+  switch (ev.type) {
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR:
@@ -101,15 +104,19 @@ void* AsyncEvent::context() const noexcept {
     case IBV_EVENT_PATH_MIG:
     case IBV_EVENT_PATH_MIG_ERR:
     case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return raw.element.qp != nullptr ? raw.element.qp->qp_context : nullptr;
+      ev.object_context = e.element.qp != nullptr ? e.element.qp->qp_context : nullptr;
+      break;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
-      return raw.element.srq != nullptr ? raw.element.srq->srq_context : nullptr;
+      ev.object_context = e.element.srq != nullptr ? e.element.srq->srq_context : nullptr;
+      break;
     case IBV_EVENT_CQ_ERR:
-      return raw.element.cq != nullptr ? raw.element.cq->cq_context : nullptr;
+      ev.object_context = e.element.cq != nullptr ? e.element.cq->cq_context : nullptr;
+      break;
     default:
-      return nullptr;
+      break;
   }
+  return ev;
 }
 
 std::uint8_t AsyncEvent::port() const noexcept {
@@ -195,21 +202,22 @@ GidChoice Device::choose_gid(std::uint8_t port_num) const {
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
   detail::require_not_empty(ctx_ != nullptr, "Device::wait_async_event: the Device", SourceLocation::current());
   const auto deadline = detail::deadline_after(timeout);
-  AsyncEvent ev;
+  ibv_async_event raw{};
   for (;;) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
     const int n = ::poll(&p, 1, detail::poll_ms_until(deadline));
     if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
     // A signal (EINTR) is not the end of the wait, nor is another reader taking the event first.
     if (n > 0) {
-      if (ibv_get_async_event(ctx_.get(), &ev.raw) == 0) break;
+      if (ibv_get_async_event(ctx_.get(), &raw) == 0) break;
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
-  ev.type = ev.raw.event_type;
-  ibv_ack_async_event(&ev.raw);
+  // The object's context is read before the acknowledgement, which lets its destruction go on.
+  const AsyncEvent ev = AsyncEvent::from(raw);
+  ibv_ack_async_event(&raw);
   return ev;
 }
 

@@ -21,12 +21,14 @@ SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o,
 }
 
 void SharedReceiveQueue::arm(std::uint32_t limit) {
+  detail::require_not_empty(srq_ != nullptr, "SharedReceiveQueue::arm: the SharedReceiveQueue", SourceLocation::current());
   ibv_srq_attr a{};
   a.srq_limit = limit;
   detail::check_rc(ibv_modify_srq(srq_.get(), &a, IBV_SRQ_LIMIT), "ibv_modify_srq(IBV_SRQ_LIMIT)");
 }
 
 std::uint32_t SharedReceiveQueue::limit() const {
+  detail::require_not_empty(srq_ != nullptr, "SharedReceiveQueue::limit: the SharedReceiveQueue", SourceLocation::current());
   ibv_srq_attr a{};
   detail::check_rc(ibv_query_srq(srq_.get(), &a), "ibv_query_srq");
   return a.srq_limit;

@@ -56,6 +56,8 @@ class AddressHandle {
   /// Exchanges two AddressHandles.
   void swap(AddressHandle& o) noexcept { ah_.swap(o.ah_); }
 
+  /// False for a moved-from (empty) AH; a send addressed with one is refused (Errc::empty_object).
+  [[nodiscard]] explicit operator bool() const noexcept { return ah_ != nullptr; }
   /// The C handle.
   [[nodiscard]] ibv_ah* native_handle() const noexcept { return ah_.get(); }
 

@@ -102,12 +102,19 @@ struct DeviceInfo {
 /// An asynchronous event of a device (ibv_get_async_event(3)), already acknowledged.
 struct AsyncEvent {
   ibv_event_type type{};  ///< what happened
-  ibv_async_event raw{};  ///< element pointers stay meaningful while the objects live
+  /// As ibv_get_async_event gave it. Acknowledged already, so the object an element points at
+  /// may be destroyed by then: read it only while you know the object lives.
+  ibv_async_event raw{};
+  /// The context given when the object the event concerns was created (QpOptions::context,
+  /// SrqOptions::context, a CQ's cq_context), read before the event was acknowledged; null
+  /// for port and device events.
+  void* object_context = nullptr;
+  /// An event as ibv_get_async_event(3) gave it, before it is acknowledged.
+  [[nodiscard]] static AsyncEvent from(const ibv_async_event& e) noexcept;
   /// The event's name (ibv_event_type_str(3)).
   [[nodiscard]] std::string_view name() const noexcept { return ibv_event_type_str(type); }
-  /// The context given when the object the event concerns was created (QpOptions::context,
-  /// SrqOptions::context, the CQ's cq_context); null for port and device events.
-  [[nodiscard]] void* context() const noexcept;
+  /// object_context: what leads the event back to its QueuePair, SharedReceiveQueue or CQ.
+  [[nodiscard]] void* context() const noexcept { return object_context; }
   /// The port of a port event (PORT_ACTIVE, PORT_ERR, GID_CHANGE, ...); 0 for other events.
   [[nodiscard]] std::uint8_t port() const noexcept;
 };
@@ -121,7 +128,9 @@ class Device {
   /// Opens the first device. Throws Error(Errc::no_device) with how to create SoftRoCE if none.
   [[nodiscard]] static Device open_first(SourceLocation where = SourceLocation::current());
   /// Wraps a context opened elsewhere (e.g. by librdmacm: rdma_cm_id::verbs). The deleter
-  /// decides what ends its life; objects made from the Device keep `ctx` alive.
+  /// decides what ends its life; objects made from the Device keep `ctx` alive. Sets the
+  /// context's async fd non-blocking (for wait_async_event's timeout), which whoever else
+  /// reads that fd then sees too. Throws Error(Errc::bad_argument) for a null `ctx`.
   [[nodiscard]] static Device adopt(std::shared_ptr<ibv_context> ctx);
 
   ///@{
@@ -145,14 +154,19 @@ class Device {
   [[nodiscard]] PortInfo port(std::uint8_t port_num = 1) const;
   /// The valid entries of a port's GID table (ibv_query_gid_ex(3)), with type and netdev.
   [[nodiscard]] std::vector<GidEntry> gid_table(std::uint8_t port_num = 1) const;
-  /// Picks a GID: RoCE v2 with an IPv4-mapped address, else any RoCE v2, else RoCE v1, else
-  /// index 0 (IB ports address by LID; the GID is then only used with a GRH).
-  /// Throws Error(Errc::no_device) when the port has no usable GID.
+  /// Picks a GID, and says why: on RoCE, RoCE v2 before v1, a routable address before a
+  /// link-local (fe80::) one, the port's own netdev before a VLAN or macvlan on it, IPv4-mapped
+  /// before global IPv6; on InfiniBand, index 0 (IB ports address by LID; the GID is then only
+  /// used with a GRH). The best kind of pick (RoCE v2, IPv4-mapped, own netdev) is remembered
+  /// per context and port and checked with one ibv_query_gid_ex, so QPs and AHs do not rescan
+  /// the table. Throws Error(Errc::no_device) when the port has no usable GID.
   [[nodiscard]] GidChoice choose_gid(std::uint8_t port_num = 1) const;
 
   /// Waits up to `timeout` for an async event; empty when none came.
   [[nodiscard]] std::optional<AsyncEvent> wait_async_event(std::chrono::milliseconds timeout) const;
 
+  /// False for a moved-from (empty) Device, whose queries and children are refused (Errc::empty_object).
+  [[nodiscard]] explicit operator bool() const noexcept { return ctx_ != nullptr; }
   /// The C handle, for calls the wrapper does not cover.
   [[nodiscard]] ibv_context* native_handle() const noexcept { return ctx_.get(); }
   /// Shared ownership of the context, for objects made from this device.

@@ -165,9 +165,9 @@ class MemoryRegion {
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
                SourceLocation where = SourceLocation::current());
 
-  /// Registers any contiguous range of trivially copyable elements: an lvalue, or a borrowed
-  /// range (a span, a string_view-like view). A temporary container does not compile: it would
-  /// be freed at the end of the statement while the device keeps its address.
+  /// Registers any contiguous range of trivially copyable, non-const elements: an lvalue, or a
+  /// borrowed range (e.g. a std::span<T>). A temporary container does not compile: it would be
+  /// freed at the end of the statement while the device keeps its address.
   template <std::ranges::contiguous_range R>
     requires((std::is_lvalue_reference_v<R> || std::ranges::borrowed_range<R>) &&
              std::is_trivially_copyable_v<std::ranges::range_value_t<R>> &&

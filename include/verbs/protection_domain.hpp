@@ -32,6 +32,8 @@ class ProtectionDomain {
   /// Exchanges two ProtectionDomains.
   void swap(ProtectionDomain& o) noexcept { pd_.swap(o.pd_); }
 
+  /// False for a moved-from (empty) PD, from which nothing can be made (Errc::empty_object).
+  [[nodiscard]] explicit operator bool() const noexcept { return pd_ != nullptr; }
   /// The C handle.
   [[nodiscard]] ibv_pd* native_handle() const noexcept { return pd_.get(); }
   /// Shared ownership of the PD, for objects made from it.

@@ -129,8 +129,8 @@ class QueuePair {
                                                   const QpOptions& options) noexcept;
   /// Wraps a QP created elsewhere. `qp`'s deleter destroys it and must keep alive whatever the QP
   /// uses (PD, CQs, SRQ, a cm id); `granted` is the capacity its creation wrote back, `state`
-  /// the state it is in (query_state() reads the device's view). Only ibv_query_port (and, on
-  /// RoCE, the GID table) is asked of the device.
+  /// the state it is in (query_state() reads the device's view). Only ibv_query_port,
+  /// ibv_query_device_ex and, on RoCE, the GID choice are asked of the device.
   [[nodiscard]] static QueuePair adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
                                        const ibv_qp_cap& granted, QpState state);
 

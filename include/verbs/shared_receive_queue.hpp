@@ -72,6 +72,8 @@ class SharedReceiveQueue {
   /// Scatter/gather entries per receive, as granted.
   [[nodiscard]] std::uint32_t max_sge() const noexcept { return max_sge_; }
 
+  /// False for a moved-from (empty) SRQ, which refuses posts, arm() and limit().
+  [[nodiscard]] explicit operator bool() const noexcept { return srq_ != nullptr; }
   /// The C handle.
   [[nodiscard]] ibv_srq* native_handle() const noexcept { return srq_.get(); }
   /// Shared ownership of the SRQ, for the QPs that use it.

@@ -274,6 +274,13 @@ TEST_F(Lifetime, MovedFromObjectsAreEmptyAndHarmless) {
   EXPECT_EQ(w.qa->post_write(src->slice(0, 8), dst->remote()).error(), verbs::Errc::empty_object);
   std::optional<verbs::SharedReceiveQueue> srq(std::move(*w.srq));
   EXPECT_EQ(w.srq->post_recv(dst->slice(0, 8)).error(), verbs::Errc::empty_object);
+  EXPECT_TRUE(empty([&] { w.srq->arm(1); }));  // crashed (ibv_modify_srq on null) before
+  EXPECT_TRUE(empty([&] { (void)w.srq->limit(); }));
+  EXPECT_FALSE(static_cast<bool>(*w.srq));
+  EXPECT_FALSE(static_cast<bool>(*w.pd));
+  EXPECT_FALSE(static_cast<bool>(*w.ah));
+  const std::array<std::byte, 40> grh{};
+  EXPECT_TRUE(empty([&] { (void)verbs::AddressHandle::reply_to(*w.pd, verbs::Completion{}, grh.data()); }));
   EXPECT_EQ(verbs::SendWr::send(src->slice(0, 8)).to(*w.ah, 1, 1).error(), verbs::Errc::empty_object);
   std::error_code ec;
   EXPECT_TRUE(w.cq->poll(std::span<verbs::Completion>{}, ec).empty());

@@ -245,26 +245,29 @@ TEST(AsyncEvent, ContextIsThatOfTheObjectTheEventConcerns) {
   srq.srq_context = &r;
   ibv_cq cq{};
   cq.cq_context = &c;
-  verbs::AsyncEvent ev;
+  ibv_async_event raw{};
   for (const ibv_event_type t : {IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_QP_ACCESS_ERR}) {
-    ev.type = t;
-    ev.raw.element.qp = &qp;
+    raw.event_type = t;
+    raw.element.qp = &qp;
+    const auto ev = verbs::AsyncEvent::from(raw);
     EXPECT_EQ(ev.context(), &q) << ev.name();
     EXPECT_EQ(ev.port(), 0);
   }
-  ev.type = IBV_EVENT_SRQ_LIMIT_REACHED;
-  ev.raw.element.srq = &srq;
-  EXPECT_EQ(ev.context(), &r);
-  ev.type = IBV_EVENT_CQ_ERR;
-  ev.raw.element.cq = &cq;
-  EXPECT_EQ(ev.context(), &c);
-  ev.type = IBV_EVENT_PORT_ERR;
-  ev.raw.element.port_num = 1;
-  EXPECT_EQ(ev.context(), nullptr);
-  EXPECT_EQ(ev.port(), 1);
-  ev.type = IBV_EVENT_DEVICE_FATAL;
-  EXPECT_EQ(ev.context(), nullptr);
-  EXPECT_EQ(ev.port(), 0);
+  raw.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+  raw.element.srq = &srq;
+  EXPECT_EQ(verbs::AsyncEvent::from(raw).context(), &r);
+  raw.event_type = IBV_EVENT_CQ_ERR;
+  raw.element.cq = &cq;
+  const auto cq_event = verbs::AsyncEvent::from(raw);
+  cq.cq_context = nullptr;  // the context was taken when the event was read, not later
+  EXPECT_EQ(cq_event.context(), &c);
+  raw.event_type = IBV_EVENT_PORT_ERR;
+  raw.element.port_num = 1;
+  EXPECT_EQ(verbs::AsyncEvent::from(raw).context(), nullptr);
+  EXPECT_EQ(verbs::AsyncEvent::from(raw).port(), 1);
+  raw.event_type = IBV_EVENT_DEVICE_FATAL;
+  EXPECT_EQ(verbs::AsyncEvent::from(raw).context(), nullptr);
+  EXPECT_EQ(verbs::AsyncEvent::from(raw).port(), 0);
 }
 
 }  // namespace
