@@ -297,6 +297,12 @@ void QueuePair::activate(SourceLocation where) {
   to_rts({}, where);
 }
 
+void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
+  check_not_empty_("modify", where);
+  detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask), "ibv_modify_qp", where);
+  if ((mask & IBV_QP_STATE) != 0) set_state_(static_cast<std::uint8_t>(attr.qp_state));
+}
+
 void QueuePair::reset(SourceLocation where) {
   ibv_qp_attr a{};
   modify_(a, 0, IBV_QPS_RESET, "ibv_modify_qp(RESET)", where);

@@ -187,6 +187,10 @@ class QueuePair {
                SourceLocation where = SourceLocation::current());
   /// UD: (RESET ->) INIT -> RTR -> RTS.
   void activate(SourceLocation where = SourceLocation::current());
+  /// ibv_modify_qp(3) with attributes made elsewhere, e.g. by rdma_init_qp_attr(3) for a QP that
+  /// librdmacm does not manage. With IBV_QP_STATE in `mask`, state() and the posts allowed
+  /// follow `attr.qp_state`, as after the transitions above (and with the same threading rule).
+  void modify(ibv_qp_attr& attr, int mask, SourceLocation where = SourceLocation::current());
   /// Any state -> RESET; outstanding requests are discarded. The QP can then connect again.
   void reset(SourceLocation where = SourceLocation::current());
   /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
@@ -339,6 +343,9 @@ class QueuePair {
 
   /// The C handle.
   [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
+  /// Shares ownership of the C handle: the ibv_qp, and what it keeps alive, lives until the last
+  /// owner is gone (e.g. a thread that still queries it).
+  [[nodiscard]] std::shared_ptr<ibv_qp> shared_handle() const noexcept { return qp_; }
 
  private:
   // The failure paths are out of line, so that what is inlined into every post is the checks,

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -429,20 +430,107 @@ TEST_F(Cm, ASendBeforeTheServersReceiveSucceedsWithTheCoresRnrTimer) {
   }
 }
 
+/// Watches the setup of one connection from a third thread, as a peer that writes at once
+/// would: `target` is the QP of the side that did not grant remote write, `writer` the peer's
+/// (both captured in before_handshake). Records whether `target` was ever seen ready to take
+/// requests (RTR or RTS) with remote write granted, and posts one write from `writer` into
+/// `dst` (wr_id 77) the moment both are in RTS, before either connect() or accept() returned.
+class RightsProbe {
+ public:
+  RightsProbe() = default;
+  RightsProbe(const RightsProbe&) = delete;
+  RightsProbe& operator=(const RightsProbe&) = delete;
+  ~RightsProbe() { (void)stop(); }
+
+  void set_target(const QueuePair& qp) {
+    const std::lock_guard lock(mutex_);
+    target_ = qp.shared_handle();  // shared: the QPs outlive a connect() or accept() that throws
+  }
+  void set_writer(const QueuePair& qp) {
+    const std::lock_guard lock(mutex_);
+    writer_ = qp.shared_handle();
+  }
+  void start(LocalSlice src, RemoteSlice dst) {
+    run_ = std::async(std::launch::async, [this, src, dst] { loop(src, dst); });
+  }
+  /// Stops watching, once the write is posted (at most 10 s); true when it was.
+  bool stop() {
+    stop_ = true;
+    if (run_.valid()) {
+      EXPECT_EQ(run_.wait_for(10s), std::future_status::ready);
+      run_.get();
+    }
+    return posted_;
+  }
+  [[nodiscard]] bool saw_write_right() const { return saw_write_right_; }
+
+ private:
+  static std::optional<ibv_qp_attr> query(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS, &init) != 0) return std::nullopt;
+    return a;
+  }
+  void loop(LocalSlice src, RemoteSlice dst) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    // Once stopped, only until the write is posted (connect() and accept() may return before
+    // this thread has seen both QPs in RTS).
+    while (!(stop_ && posted_) && std::chrono::steady_clock::now() < deadline) {
+      std::shared_ptr<ibv_qp> t, w;
+      {
+        const std::lock_guard lock(mutex_);
+        t = target_;
+        w = writer_;
+      }
+      if (t == nullptr || w == nullptr) continue;
+      const auto ta = query(t.get());
+      if (!ta) continue;
+      const bool ready = ta->qp_state == IBV_QPS_RTR || ta->qp_state == IBV_QPS_RTS;
+      if (ready && (ta->qp_access_flags & IBV_ACCESS_REMOTE_WRITE) != 0) saw_write_right_ = true;
+      if (posted_ || ta->qp_state != IBV_QPS_RTS) continue;
+      const auto wa = query(w.get());
+      if (!wa || wa->qp_state != IBV_QPS_RTS) continue;
+      ibv_sge sge = src.native();
+      ibv_send_wr wr{};
+      wr.wr_id = 77;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = dst.addr;
+      wr.wr.rdma.rkey = dst.rkey;
+      ibv_send_wr* bad = nullptr;
+      posted_ = ibv_post_send(w.get(), &wr, &bad) == 0;
+    }
+  }
+  std::mutex mutex_;
+  std::shared_ptr<ibv_qp> target_, writer_;
+  std::future<void> run_;
+  std::atomic<bool> stop_{false};
+  bool posted_ = false, saw_write_right_ = false;  // read after stop()
+};
+
 /// A write through a QP that did not grant remote_write: it must complete in error, and the
-/// target (cleared before each round) must stay zero.
-void expect_write_refused(const std::optional<Completion>& wc, const MemoryRegion& target, int round) {
+/// target (cleared before each round) must stay zero; the QP must never have granted the right
+/// while it could take requests.
+void expect_write_refused(RightsProbe& probe, cm::Connection& writer, const MemoryRegion& target, int round) {
+  const bool posted = probe.stop();
+  EXPECT_FALSE(probe.saw_write_right())
+      << "round " << round << ": the QP was ready (RTR or RTS) with remote write granted, which it was not asked for";
+  ASSERT_TRUE(posted) << "round " << round << ": the probe never saw both QPs in RTS";
+  const auto wc = writer.wait_one(writer.send_cq(), 10s);
   ASSERT_TRUE(wc.has_value()) << "round " << round;
+  EXPECT_EQ(wc->wr_id(), 77u) << "round " << round;
   EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
   EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
-      << "round " << round;
+      << "round " << round << ": the write landed";
 }
 
-// rdma_cm grants remote read and write on the QPs it connects; the connection takes back what
-// its options did not ask for. On the server that must be done before the client can write,
-// which it may as soon as connect() returns, while the server's accept() is still waiting for
-// ESTABLISHED. The client's memory is registered before connecting, so its write follows
-// connect() at once; ten connections, as the race goes either way.
+// rdma_cm grants remote read and write on the QPs it moves through INIT, RTR and RTS (in
+// rdma_accept on the server, inside rdma_get_cm_event on the client) and the reply or RTU is on
+// its way before the caller can take anything back. A peer may write the moment its QP is in
+// RTS: a probe thread does so, and watches the QP that was not asked for remote write while it
+// can take requests. Ten connections each way.
 TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   cm::Listener listener(test_addr(), 0);
   ProtectionDomain server_pd(*device);
@@ -452,21 +540,24 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   fill_pattern(src.bytes(), 4);
   for (int round = 0; round < 10; ++round) {
     std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
+    RightsProbe probe;
+    probe.start(src.slice(0, 64), target.remote());
     // The MR allows remote write; the server's QP was asked for remote read only.
     auto server = std::async(std::launch::async, [&] {
-      return listener.accept(10s, {.qp = {.access = Access::remote_read}, .pd = &server_pd, .expose = target.remote()});
+      return listener.accept(10s, {.qp = {.access = Access::remote_read},
+                                   .pd = &server_pd,
+                                   .expose = target.remote(),
+                                   .before_handshake = [&](const cm::Handshake& h) { probe.set_target(h.qp); }});
     });
-    cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd}});
-    ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote()).ok());
-    const auto wc = client.wait_one(client.send_cq(), 10s);
+    cm::Connection client = cm::connect(
+        test_addr(), listener.port(),
+        {.connection = {.pd = &client_pd,
+                        .before_handshake = [&](const cm::Handshake& h) { probe.set_writer(h.qp); }}});
     cm::Connection conn = server.get();
-    expect_write_refused(wc, target, round);
+    expect_write_refused(probe, client, target, round);
   }
 }
 
-// The same on the client, whose QP rdma_cm moves to RTS with remote read and write before
-// connect() returns: a server that writes as soon as its accept() returns must find the right
-// the client did not ask for already taken back. Ten connections.
 TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
   cm::Listener listener(test_addr(), 0);
   ProtectionDomain server_pd(*device);
@@ -476,18 +567,22 @@ TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
   auto target = MemoryRegion::allocate(client_pd, 64, Access::local_write | Access::remote_write);
   for (int round = 0; round < 10; ++round) {
     std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
+    RightsProbe probe;
+    probe.start(src.slice(0, 64), target.remote());
     auto server = std::async(std::launch::async, [&] {
-      cm::Connection c = listener.accept(10s, {.pd = &server_pd});
-      EXPECT_TRUE(c.qp().post_write(src.slice(0, 64), c.remote()).ok());
-      const auto wc = c.wait_one(c.send_cq(), 10s);
-      return std::pair{std::move(c), wc};
+      return listener.accept(
+          10s, {.pd = &server_pd,
+                .before_handshake = [&](const cm::Handshake& h) { probe.set_writer(h.qp); }});
     });
     // The MR allows remote write; the client's QP was asked for remote read only.
     cm::Connection client = cm::connect(
         test_addr(), listener.port(),
-        {.connection = {.qp = {.access = Access::remote_read}, .pd = &client_pd, .expose = target.remote()}});
-    auto [conn, wc] = server.get();
-    expect_write_refused(wc, target, round);
+        {.connection = {.qp = {.access = Access::remote_read},
+                        .pd = &client_pd,
+                        .expose = target.remote(),
+                        .before_handshake = [&](const cm::Handshake& h) { probe.set_target(h.qp); }}});
+    cm::Connection conn = server.get();
+    expect_write_refused(probe, conn, target, round);
   }
 }
 
