@@ -173,6 +173,11 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
 
 /// Checks of the options that need no device, made before anything is sent or waited for.
 void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where) {
+  const TransportOptions& t = o.transport;
+  if (t.retry_count > 7 || t.rnr_retry_count > 7 || t.ack_timeout > 31 || t.min_rnr_timer > 31)
+    fail(EINVAL, phase,
+         "ConnectionOptions::transport: retry_count and rnr_retry_count are 0..7, ack_timeout and min_rnr_timer "
+         "0..31; nothing was sent", where);
   constexpr AccessFlags remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
   if (o.expose && (o.qp.access & remote).value() == 0)
     fail(EINVAL, phase,
@@ -210,16 +215,16 @@ rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::by
   p.private_data = data.empty() ? nullptr : data.data();
   p.private_data_len = static_cast<std::uint8_t>(data.size());
   const ibv_device_attr& a = dev.attributes().orig_attr;
-  int responder = std::min<int>(o.responder_resources, a.max_qp_rd_atom);
-  int initiator = std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom);
+  int responder = std::min<int>(o.transport.responder_resources.value_or(16), a.max_qp_rd_atom);
+  int initiator = std::min<int>(o.transport.initiator_depth.value_or(16), a.max_qp_init_rd_atom);
   if (request != nullptr) {
     responder = std::min<int>(responder, request->responder_resources);
     initiator = std::min<int>(initiator, request->initiator_depth);
   }
   p.responder_resources = static_cast<std::uint8_t>(responder);
   p.initiator_depth = static_cast<std::uint8_t>(initiator);
-  p.retry_count = std::min<std::uint8_t>(o.retry_count, 7);
-  p.rnr_retry_count = std::min<std::uint8_t>(o.rnr_retry_count, 7);
+  p.retry_count = o.transport.retry_count;
+  p.rnr_retry_count = o.transport.rnr_retry_count;
   return p;
 }
 
@@ -283,7 +288,7 @@ struct Connection::Impl {
   std::vector<MemoryRegion> retired;
   // Set while connecting or accepting, before the Connection is handed out; read-only after.
   bool established = false;
-  std::uint8_t ack_timeout = 0;
+  TransportOptions transport;
   std::uint8_t responder = 0, initiator = 0;  // read/atomic depths of the handshake
   // What the events have told, written by whichever thread reads them (wait() and
   // poll_events() may run in several threads at once, e.g. one per CQ): atomics.
@@ -392,14 +397,14 @@ struct Connection::Impl {
     // went through rights never granted. This side makes every transition itself (transition()).
     qp.emplace(*pd, *send_cq, *recv_cq, q, where);
     access = o.qp.access;
-    ack_timeout = o.ack_timeout;
+    transport = o.transport;
     transition(IBV_QPS_INIT, phase, where);
   }
 
   /// Moves the QP to `state` with what rdma_cm knows of the connection (rdma_init_qp_attr(3):
-  /// pkey and port, path, the peer's QP number, PSNs, the retries of the handshake) and what
-  /// is this side's to choose: the access rights of the options, the RNR timer, the ACK
-  /// timeout, and the read/atomic depths negotiated in the handshake (responder, initiator).
+  /// pkey and port, path, the peer's QP number, PSNs) and what is this side's to choose: the
+  /// access rights of the options, its TransportOptions, and the read/atomic depths negotiated
+  /// in the handshake (responder, initiator).
   void transition(ibv_qp_state state, Phase phase, SourceLocation where) {
     ibv_qp_attr a{};
     int mask = 0;
@@ -407,24 +412,29 @@ struct Connection::Impl {
     if (rdma_init_qp_attr(id.get(), &a, &mask) != 0)
       fail(errno, phase, std::string("rdma_init_qp_attr(") + std::string(to_string(static_cast<QpState>(state))) + ")",
            where);
+    const TransportOptions& t = transport;
     switch (state) {
       case IBV_QPS_INIT:
         a.qp_access_flags = static_cast<unsigned>(access.value());
         mask |= IBV_QP_ACCESS_FLAGS;
         break;
       case IBV_QPS_RTR:
-        // rdma_cm leaves min_rnr_timer at 0, which the specification makes 655 ms. The
-        // connection follows the core's default instead (verbs::ConnectOptions::min_rnr_timer),
-        // whose budget with rnr_retry_count retries is documented there.
-        a.min_rnr_timer = verbs::ConnectOptions{}.min_rnr_timer;
+        // rdma_cm would leave min_rnr_timer at 0, which the specification makes 655 ms.
+        a.min_rnr_timer = t.min_rnr_timer;
         a.max_dest_rd_atomic = (mask & IBV_QP_MAX_DEST_RD_ATOMIC) != 0 ? std::min(a.max_dest_rd_atomic, responder)
                                                                          : responder;
         mask |= IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_DEST_RD_ATOMIC;
+        if (t.path_mtu) a.path_mtu = static_cast<ibv_mtu>(*t.path_mtu);
+        if (t.service_level) a.ah_attr.sl = *t.service_level;
+        if (t.traffic_class) a.ah_attr.grh.traffic_class = *t.traffic_class;
+        if (t.hop_limit) a.ah_attr.grh.hop_limit = *t.hop_limit;
         break;
       case IBV_QPS_RTS:
-        a.timeout = ack_timeout;
+        a.timeout = t.ack_timeout;
+        a.retry_cnt = t.retry_count;
+        a.rnr_retry = t.rnr_retry_count;
         a.max_rd_atomic = (mask & IBV_QP_MAX_QP_RD_ATOMIC) != 0 ? std::min(a.max_rd_atomic, initiator) : initiator;
-        mask |= IBV_QP_TIMEOUT | IBV_QP_MAX_QP_RD_ATOMIC;
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
         break;
       default: break;
     }
@@ -700,7 +710,7 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
 }
 
 // ---------------------------------------------------------------------------------------------
-Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o, SourceLocation where) {
+Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
   const auto deadline = deadline_after(o.timeout);
   const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
   const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect, where);
@@ -727,6 +737,11 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
   } catch (const ConnectError& e) {
     fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
   }
+  if (const auto tc = o.connection.transport.traffic_class) {
+    std::uint8_t tos = *tc;
+    if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
+      fail(errno, Phase::resolve_route, target + ": rdma_set_option(TOS)", where);
+  }
   if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
   (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, step_deadline(), Phase::resolve_route,
                      o.resolve_timeout, where);
@@ -745,7 +760,7 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
   return Connection(std::move(c));
 }
 
-std::optional<Connection> connect(std::string_view host, std::uint16_t port, const ConnectOptions& options,
+std::optional<Connection> connect(std::string_view host, std::uint16_t port, const ClientOptions& options,
                                   std::error_code& ec) {
   try {
     ec.clear();

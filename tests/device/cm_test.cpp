@@ -338,15 +338,15 @@ TEST_F(Cm, ClientRegistersOnTheRoutesDeviceAndExposesItInTheHandshake) {
 }
 
 // A client may send the moment connect() returns, before the server's accept() has returned
-// and before the server could post a receive. With no RNR retries (rnr_retry_count 0 on both
-// sides), that send fails with RNR_RETRY_EXC_ERR unless the server posted its receive in
+// and before the server could post a receive. With no RNR retries (transport.rnr_retry_count 0
+// on the client, whose send it is), that send fails with RNR_RETRY_EXC_ERR unless the server posted its receive in
 // before_handshake, before rdma_accept.
 TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
   const auto round = [&](bool early) {
     cm::Listener listener(test_addr(), 0);
     std::optional<MemoryRegion> inbox;
     int calls = 0;
-    cm::ConnectionOptions so{.rnr_retry_count = 0};
+    cm::ConnectionOptions so{};
     const auto post_inbox = [&](QueuePair& qp, const ProtectionDomain& pd, std::size_t size) {
       inbox.emplace(MemoryRegion::allocate(pd, size, Access::local_write));
       if (!qp.post_recv(inbox->slice(0, size), 77).ok()) throw std::runtime_error("post_recv failed");
@@ -370,7 +370,7 @@ TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
     });
     const std::vector<std::byte> hello = bytes_of("size 64");
     cm::Connection client =
-        cm::connect(test_addr(), listener.port(), {.connection = {.private_data = hello, .rnr_retry_count = 0}});
+        cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.rnr_retry_count = 0}, .private_data = hello}});
     auto msg = MemoryRegion::allocate(client.pd(), 64);
     fill_pattern(msg.bytes(), 5);
     EXPECT_TRUE(client.qp().post_send(msg.slice(0, 64), {.wr_id = 1}).ok());
@@ -392,7 +392,7 @@ TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
 
 // A send that arrives before the server has posted its receive is retried after the server
 // QP's RNR timer. rdma_cm sets that timer to 0 (655 ms); the connection sets the core's default
-// (verbs::ConnectOptions::min_rnr_timer), and must do so before the client can send: the client
+// (TransportOptions::min_rnr_timer), and must do so before the client can send: the client
 // may send as soon as connect() returns, while the server's accept() is still waiting for
 // ESTABLISHED. Here the server posts its receive 100 ms after accept() returns; the send must
 // succeed once that receive is there. (The test no longer times the send: the core's default
@@ -405,9 +405,7 @@ TEST_F(Cm, ASendBeforeTheServersReceiveSucceedsWithTheCoresRnrTimer) {
     std::optional<MemoryRegion> inbox;
     int timer = -1;
     auto server = std::async(std::launch::async, [&] {
-      // rnr_retry_count travels in the handshake: the server's value is the client QP's. 7
-      // (forever) so that the test does not depend on the core's RNR budget; wait_one bounds it.
-      cm::Connection c = listener.accept(10s, {.rnr_retry_count = 7});
+      cm::Connection c = listener.accept(10s);
       ibv_qp_attr a{};
       ibv_qp_init_attr init{};
       if (ibv_query_qp(c.qp().native_handle(), &a, IBV_QP_MIN_RNR_TIMER, &init) == 0) timer = a.min_rnr_timer;
@@ -416,14 +414,16 @@ TEST_F(Cm, ASendBeforeTheServersReceiveSucceedsWithTheCoresRnrTimer) {
       EXPECT_TRUE(c.qp().post_recv(inbox->slice(0, 64)).ok());
       return c;
     });
-    cm::Connection client = cm::connect(test_addr(), listener.port());
+    // The client QP retries RNR forever (7), so that the test does not depend on the core's RNR
+    // budget; wait_one bounds it.
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.rnr_retry_count = 7}}});
     auto msg = MemoryRegion::allocate(client.pd(), 64);
     const auto posted = std::chrono::steady_clock::now();
     ASSERT_TRUE(client.qp().post_send(msg.slice(0, 64)).ok());
     const auto wc = client.wait_one(client.send_cq(), 10s);
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - posted);
     cm::Connection conn = server.get();
-    EXPECT_EQ(timer, ConnectOptions{}.min_rnr_timer) << "round " << round;
+    EXPECT_EQ(timer, TransportOptions{}.min_rnr_timer) << "round " << round;
     ASSERT_TRUE(wc.has_value()) << "round " << round;
     ASSERT_TRUE(wc->ok()) << "round " << round << ": " << make_error_code(wc->status()).message() << " after "
                           << took.count() << " ms";
@@ -906,6 +906,47 @@ TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
   EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
 }
 
+// Each side's QP takes its own TransportOptions, as a core QP does: the RNR timer, ACK timeout,
+// retries, service level, traffic class (on the client through RDMA_OPTION_ID_TOS) and hop limit.
+TEST_F(Cm, EachSidesQpTakesItsOwnTransportOptions) {
+  cm::Listener listener(test_addr(), 0);
+  const TransportOptions server_t{.min_rnr_timer = 20, .ack_timeout = 11, .retry_count = 4, .rnr_retry_count = 3,
+                                  .service_level = 2, .traffic_class = 64, .hop_limit = 16};
+  const TransportOptions client_t{.min_rnr_timer = 12, .ack_timeout = 10, .retry_count = 5, .rnr_retry_count = 2,
+                                  .service_level = 1, .traffic_class = 32, .hop_limit = 8};
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.transport = server_t}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.transport = client_t}});
+  cm::Connection conn = server.get();
+  for (const auto& [qp, t] : {std::pair<QueuePair*, TransportOptions>{&conn.qp(), server_t}, {&client.qp(), client_t}}) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(qp->native_handle(), &a,
+                           IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_AV, &init),
+              0);
+    EXPECT_EQ(a.min_rnr_timer, t.min_rnr_timer);
+    EXPECT_EQ(a.timeout, t.ack_timeout);
+    EXPECT_EQ(a.retry_cnt, t.retry_count);
+    EXPECT_EQ(a.rnr_retry, t.rnr_retry_count);
+    EXPECT_EQ(a.ah_attr.sl, *t.service_level);
+    EXPECT_EQ(a.ah_attr.grh.traffic_class, *t.traffic_class);
+    EXPECT_EQ(a.ah_attr.grh.hop_limit, *t.hop_limit);
+  }
+  EXPECT_TRUE(client.connected());
+}
+
+// Out-of-range transport options are refused before anything is sent (a retry count of 8 was
+// clamped to 7, which rxe retries forever).
+TEST_F(Cm, OutOfRangeTransportOptionsAreRefusedBeforeConnecting) {
+  cm::Listener listener(test_addr(), 0);
+  const auto e = connect_error(
+      [&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 3s, .connection = {.transport = {.retry_count = 8}}}); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+  const auto a = thrown_by<ConnectError>([&] { (void)listener.accept(0ms, {.transport = {.min_rnr_timer = 32}}); });
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->code(), std::errc::invalid_argument) << a->what();
+}
+
 // Reads and atomics in flight are negotiated (rdma_accept(3)): the server answers with at most
 // what the request offers, so neither side initiates more than the other can take. Powers of two,
 // as rxe rounds these up.
@@ -913,7 +954,7 @@ TEST_F(Cm, AcceptNegotiatesReadAndAtomicDepthsWithTheRequest) {
   cm::Listener listener(test_addr(), 0);
   auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });  // 16 and 16
   cm::Connection client =
-      cm::connect(test_addr(), listener.port(), {.connection = {.responder_resources = 2, .initiator_depth = 4}});
+      cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.initiator_depth = 4, .responder_resources = 2}}});
   cm::Connection conn = server.get();
   const auto depths = [](const QueuePair& qp) {
     ibv_qp_attr a{};
