@@ -11,13 +11,14 @@
 #include <verbs/cm.hpp>
 #include <verbs/verbs.hpp>
 
-#include <endian.h>
 #include <getopt.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "rping_wire.hpp"
 
 using namespace std::chrono_literals;
 
@@ -32,12 +33,7 @@ struct Options {
 };
 
 /// The 16-byte advertisement rping exchanges: where a buffer is and how to reach it.
-struct Advert {
-  std::uint64_t addr;  // big-endian on the wire
-  std::uint32_t rkey;
-  std::uint32_t size;
-};
-static_assert(sizeof(Advert) == 16);
+using rping::Advert;
 
 constexpr int kMinSize = 26;  // "rdma-ping-2147483647: " plus its terminator, as rping checks
 constexpr int kMaxSize = 64 * 1024 - 1;
@@ -83,14 +79,12 @@ Options parse(int argc, char** argv) {
 }
 
 void put_advert(const verbs::MemoryRegion& mr, const verbs::MemoryRegion& buffer, std::uint32_t size) {
-  const Advert a{htobe64(reinterpret_cast<std::uint64_t>(buffer.data())), htobe32(buffer.rkey()), htobe32(size)};  // NOLINT
-  std::memcpy(mr.data(), &a, sizeof a);
+  const auto a = rping::encode_advert(reinterpret_cast<std::uint64_t>(buffer.data()), buffer.rkey(), size);  // NOLINT
+  std::memcpy(mr.data(), a.data(), a.size());
 }
 
 verbs::RemoteSlice get_advert(const verbs::MemoryRegion& mr) {
-  Advert a{};
-  std::memcpy(&a, mr.data(), sizeof a);
-  return {be64toh(a.addr), be32toh(a.size), be32toh(a.rkey)};
+  return rping::decode_advert(mr.bytes().first<sizeof(Advert)>());
 }
 
 /// Waits for one completion on `cq`; false when the peer has gone (the normal end).

@@ -1,5 +1,7 @@
 #include "verbs/cm.hpp"
 
+#include "cm_private_data.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -193,13 +195,12 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
          "private data of " + std::to_string(o.private_data.size()) + " bytes" +
              (extra != 0 ? " plus the 24-byte exposed slice" : "") + " exceeds the limit of " + std::to_string(limit) +
              " bytes; nothing was sent", where);
-  std::vector<std::byte> out;
-  if (o.expose) {
-    const RemoteSlice::Wire w = o.expose->encode();
-    out.assign(w.begin(), w.end());
-  }
-  out.insert(out.end(), o.private_data.begin(), o.private_data.end());
-  return out;
+  if (detail::cm_private_data_ambiguous(o.expose, o.private_data))
+    fail(EINVAL, phase,
+         "the private data begins with the wire form of a RemoteSlice, which the peer would take for an exposed "
+         "slice (ConnectionOptions::expose): use .expose for a slice, or start the data differently; nothing was sent",
+         where);
+  return detail::frame_cm_private_data(o.expose, o.private_data);
 }
 
 /// The connection parameters of a connect, or (with the request) of an accept: the depths of
@@ -461,14 +462,9 @@ struct Connection::Impl {
 
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
   void take_private_data(std::vector<std::byte> data) {
-    std::error_code ec;
-    if (data.size() >= RemoteSlice::wire_size) {
-      if (auto r = RemoteSlice::decode(std::span(data).first(RemoteSlice::wire_size), ec)) {
-        peer_remote = r;
-        data.erase(data.begin(), data.begin() + RemoteSlice::wire_size);
-      }
-    }
-    peer_private = std::move(data);
+    detail::CmPeerPrivateData p = detail::parse_cm_private_data(std::move(data));
+    if (p.remote) peer_remote = p.remote;
+    peer_private = std::move(p.rest);
   }
 
   /// Once this side is connected.

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "clock.hpp"
+#include "handshake.hpp"
 #include "perf.hpp"
 
 namespace perf {
@@ -97,8 +98,7 @@ void send_frame(int fd, std::span<const std::byte> body) {
 std::vector<std::byte> recv_frame(int fd, Clock::time_point deadline) {
   unsigned char len[4];
   read_all(fd, len, 4, deadline);
-  const std::uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<std::uint32_t>(len[3]) << 24);
-  if (n > (1u << 20)) throw Failure("the peer sent a malformed message");
+  const std::uint32_t n = frame_length(len);
   std::vector<std::byte> body(n);
   read_all(fd, body.data(), n, deadline);
   return body;
@@ -450,31 +450,17 @@ void set_inline_cap(Session& s) {
 }
 
 std::vector<std::byte> encode_side(const Session& s) {
-  std::vector<std::byte> out;
-  const auto n = static_cast<std::uint32_t>(s.qps.size());
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::byte>(n >> (8 * i)));
-  for (const verbs::QueuePair* qp : s.qps) {
-    const verbs::Endpoint::Wire w = qp->endpoint().encode();
-    out.insert(out.end(), w.begin(), w.end());
-  }
-  const verbs::RemoteSlice::Wire r = s.mr->remote().encode();
-  out.insert(out.end(), r.begin(), r.end());
-  return out;
+  std::vector<verbs::Endpoint> eps;
+  for (const verbs::QueuePair* qp : s.qps) eps.push_back(qp->endpoint());
+  return perf::encode_side(eps, s.mr->remote());
 }
 
 std::vector<verbs::Endpoint> decode_side(std::span<const std::byte> in, Session& s) {
-  if (in.size() < 4) throw Failure("the peer sent a malformed exchange");
-  const std::uint32_t n = std::to_integer<std::uint32_t>(in[0]) | std::to_integer<std::uint32_t>(in[1]) << 8 |
-                          std::to_integer<std::uint32_t>(in[2]) << 16 | std::to_integer<std::uint32_t>(in[3]) << 24;
-  if (n != s.qps.size() || in.size() != 4 + n * verbs::Endpoint::wire_size + verbs::RemoteSlice::wire_size)
-    throw Failure("the peer sent a malformed exchange");
-  std::vector<verbs::Endpoint> eps;
-  for (std::uint32_t q = 0; q < n; ++q)
-    eps.push_back(verbs::Endpoint::decode(in.subspan(4 + q * verbs::Endpoint::wire_size, verbs::Endpoint::wire_size)));
-  s.peer = verbs::RemoteSlice::decode(in.subspan(4 + n * verbs::Endpoint::wire_size));
+  Side side = perf::decode_side(in, s.qps.size());
+  s.peer = side.region;
   if (s.peer.length != 2 * s.area * s.cfg.qps + Session::kControlBytes)
     throw Failure("the peer's region does not have the expected size");
-  return eps;
+  return std::move(side.endpoints);
 }
 
 void connect_qps(Session& s, const std::vector<verbs::Endpoint>& eps) {
@@ -574,11 +560,11 @@ std::unique_ptr<Session> open_cm(const Config& local) {
       }
       if (ec != std::errc::timed_out) throw verbs::cm::ConnectError(ec, verbs::cm::Phase::accept, "accept");
     }
-    decode_params(s.conns[0].peer_private_data().first(kParamsWire), s.cfg);
+    decode_cm_params(s.conns[0].peer_private_data(), s.cfg);
     for (std::uint32_t q = 1; q < s.cfg.qps; ++q) {
       s.conns.push_back(listener->accept(local.timeout, co));
       Config again = local;
-      decode_params(s.conns.back().peer_private_data().first(kParamsWire), again);
+      decode_cm_params(s.conns.back().peer_private_data(), again);
     }
   } else {
     // As with TCP, a server that is not listening yet is given a few seconds.

@@ -8,7 +8,10 @@
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
 # Environment: VERBS_TEST_ADDR (the device's IPv4 address, default 192.0.2.1),
-#              VERBS_EXAMPLE_TIMEOUT (seconds any one process may run, default 90).
+#              VERBS_EXAMPLE_TIMEOUT (seconds any one process may run, default 90),
+#              VERBS_TEST_WRAPPER (a command each example runs under, e.g. valgrind and its
+#              options; split at spaces), VERBS_TEST_TIMEOUT_SCALE (an integer every time limit
+#              is multiplied by, default 1: valgrind is about 6x slower under TCG).
 #
 # The server listens on a port it picks (-p 0) and prints "NAME: listening on ADDR:PORT"; the
 # clients start once that line is there, several at once where the example is about several
@@ -18,7 +21,9 @@ shopt -s nullglob
 case_name=$1
 bin=$2
 addr=${VERBS_TEST_ADDR:-192.0.2.1}
-limit=${VERBS_EXAMPLE_TIMEOUT:-90}
+scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
+limit=$((${VERBS_EXAMPLE_TIMEOUT:-90} * scale))
+read -ra wrapper <<<"${VERBS_TEST_WRAPPER:-}"
 prog=${case_name%%.*}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/verbs-example.XXXXXX")
@@ -40,7 +45,7 @@ start() {
   local label=$1
   shift
   echo "\$ $prog $*   # $label"
-  timeout -k 5 "$limit" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
+  timeout -k 5 "$limit" "${wrapper[@]}" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
   pids+=($!)
   labels+=("$label")
 }
@@ -49,7 +54,7 @@ start() {
 # listening; sets $port.
 start_server() {
   start server -a "$addr" -p 0 "$@"
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 30 * scale))
   port=
   while [ -z "$port" ]; do
     port=$(sed -n 's/^.*: listening on .*:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
@@ -57,7 +62,7 @@ start_server() {
     if ! kill -0 "${pids[0]}" 2>/dev/null || ((SECONDS >= deadline)); then
       kill -TERM "${pids[@]}" 2>/dev/null
       finish 0
-      fail "the server did not print its 'listening on' line within 30 s"
+      fail "the server did not print its 'listening on' line within $((30 * scale)) s"
       exit 1
     fi
     sleep 0.1
@@ -135,7 +140,10 @@ case $case_name in
   write_pingpong.killed)
     # The server dies (kill -9) in the middle of a long run. rdma_cm tells the client within
     # milliseconds; the client, busy-polling for the server's answer, must say that the peer
-    # disconnected, at once (within 3 s here), not fail seconds later on a flushed request.
+    # disconnected, not fail seconds later on a flushed request (7.9 s, "Work Request Flushed",
+    # before spin()). The message is the check. The time is printed; its bound only catches a
+    # hang, since the kill reaches the peer only once the kernel has torn the dying process
+    # down, which took from 1.7 to 6.9 s for an ASan build's server (55 ms for a plain one).
     start_server -n 100000000
     start client -p "$port" -n 100000000 "$addr"
     sleep 3  # connected, and in the middle of the ping-pong
@@ -150,7 +158,7 @@ case $case_name in
     pids=() labels=()
     [ "$status" -eq 1 ] || fail "the client exited with $status, expected 1"
     expect_err client "the peer disconnected"
-    [ "$took_ms" -lt 3000 ] || fail "the client took $took_ms ms to notice (expected < 3000)"
+    [ "$took_ms" -lt $((20000 * scale)) ] || fail "the client took $took_ms ms to notice (expected < $((20000 * scale)))"
     ;;
   send_recv)
     # Three clients at once, each with its own message size and count.

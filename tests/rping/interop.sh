@@ -3,8 +3,12 @@
 # status and the ping data.  Usage: interop.sh OURS_RPING SERVER_KIND CLIENT_KIND
 # where a KIND is "ours" (examples/rping) or "debian" (rdma-core's rping from rdmacm-utils).
 # Exits 77 (skipped) without an RDMA device or without rdma-core's rping.
+# VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh (the wrapper only
+# for ours).
 set -u
 ours=$1 server_kind=$2 client_kind=$3
+scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
+read -ra wrapper <<<"${VERBS_TEST_WRAPPER:-}"
 addr=${VERBS_TEST_ADDR:-192.0.2.1}
 count=5
 
@@ -14,20 +18,29 @@ fi
 if ! command -v rping >/dev/null; then
   echo "skipped: rdma-core's rping is not installed (rdmacm-utils)"; exit 77
 fi
-bin() { if [ "$1" = ours ]; then echo "$ours"; else command -v rping; fi; }
+# run KIND ARGS...: that rping, under timeout (and ours under the wrapper).
+run() {
+  local kind=$1
+  shift
+  if [ "$kind" = ours ]; then
+    timeout $((120 * scale)) "${wrapper[@]}" "$ours" "$@"
+  else
+    timeout $((120 * scale)) "$(command -v rping)" "$@"
+  fi
+}
 
 # A port nobody else in this run uses: tests run one at a time in the VM, but be safe.
 port=$(( 20000 + RANDOM % 20000 ))
 log=$(mktemp -d)
 trap 'kill $spid 2>/dev/null; rm -rf "$log"' EXIT
 
-timeout 120 "$(bin "$server_kind")" -s -a "$addr" -p "$port" -v >"$log/server" 2>&1 &
+run "$server_kind" -s -a "$addr" -p "$port" -v >"$log/server" 2>&1 &
 spid=$!
 # rdma-core's rping prints nothing when it starts listening: give it a moment, then retry
 # the client while the server is not up yet (REJECTED).
-for try in 1 2 3 4 5 6 7 8 9 10; do
+for ((try = 1; try <= 10 * scale; try++)); do
   sleep 1
-  timeout 120 "$(bin "$client_kind")" -c -a "$addr" -p "$port" -C "$count" -v -V >"$log/client" 2>&1
+  run "$client_kind" -c -a "$addr" -p "$port" -C "$count" -v -V >"$log/client" 2>&1
   crc=$?
   grep -q "REJECTED\|no listener" "$log/client" || break
 done

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs the README's tour or one of its snippets on the RDMA device; 77 (skipped) without one.
+#   readme.sh tour PROGRAM     the server (PROGRAM) and a client (PROGRAM ADDR)
+#   readme.sh expose PROGRAM   the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
+#   readme.sh ud PROGRAM       one process, both QPs
+# VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh.
+set -u
+name=$1 prog=$2
+scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
+read -ra wrapper <<<"${VERBS_TEST_WRAPPER:-}"
+addr=${VERBS_TEST_ADDR:-192.0.2.1}
+if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
+  echo "skipped: no RDMA device (run in the SoftRoCE VM: scripts/rxe-vm)"; exit 77
+fi
+# pair "SERVER ARGS" "CLIENT ARGS": runs both, retrying the client until the server listens;
+# leaves the client's output in $out and succeeds when both exit 0.
+pair() {
+  local -a server_args client_args
+  read -ra server_args <<<"$1"
+  read -ra client_args <<<"$2"
+  timeout $((120 * scale)) "${wrapper[@]}" "$prog" "${server_args[@]}" & local server=$!
+  out="" rc=1
+  for ((try = 1; try <= 10 * scale; try++)); do   # the server needs a moment to listen
+    sleep 1
+    out=$(timeout $((120 * scale)) "${wrapper[@]}" "$prog" "${client_args[@]}" 2>&1); rc=$?
+    case "$out" in *"no listener"*) continue ;; esac
+    break
+  done
+  wait "$server"; local src=$?
+  echo "client (exit $rc): $out"
+  echo "server exit $src"
+  [ "$rc" -eq 0 ] && [ "$src" -eq 0 ]
+}
+case "$name" in
+  tour) pair "" "$addr" && [[ "$out" == *"1000 round trips"* ]] ;;
+  expose) pair "$addr" "$addr read" && [ "$out" = "read: exposed before connecting" ] ;;
+  ud)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"b got 'ping' (5 bytes) from QP "* ]] && [[ "$out" == *"a got 'pong'"* ]]
+    ;;
+  *) echo "readme.sh: unknown snippet $name" >&2; exit 2 ;;
+esac
