@@ -175,6 +175,11 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
 
 /// Checks of the options that need no device, made before anything is sent or waited for.
 void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where) {
+  const TransportOptions& t = o.transport;
+  if (t.retry_count > 7 || t.rnr_retry_count > 7 || t.ack_timeout > 31 || t.min_rnr_timer > 31)
+    fail(EINVAL, phase,
+         "ConnectionOptions::transport: retry_count and rnr_retry_count are 0..7, ack_timeout and min_rnr_timer "
+         "0..31; nothing was sent", where);
   constexpr AccessFlags remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
   if (o.expose && (o.qp.access & remote).value() == 0)
     fail(EINVAL, phase,
@@ -203,21 +208,24 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
 /// (rdma_accept(3)): never more reads in flight than the peer can take, nor more resources
 /// than it will use. Without that, a peer whose device has a smaller max_qp_rd_atom fails RTR.
 rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev,
-                           const Event* request = nullptr) {
+                           const QueuePair& qp, const Event* request = nullptr) {
   rdma_conn_param p{};
+  // The QP is not on the id (see Connection::Impl::build): the handshake names it.
+  p.qp_num = qp.qp_num();
+  p.srq = o.qp.srq != nullptr ? 1 : 0;
   p.private_data = data.empty() ? nullptr : data.data();
   p.private_data_len = static_cast<std::uint8_t>(data.size());
   const ibv_device_attr& a = dev.attributes().orig_attr;
-  int responder = std::min<int>(o.responder_resources, a.max_qp_rd_atom);
-  int initiator = std::min<int>(o.initiator_depth, a.max_qp_init_rd_atom);
+  int responder = std::min<int>(o.transport.responder_resources.value_or(16), a.max_qp_rd_atom);
+  int initiator = std::min<int>(o.transport.initiator_depth.value_or(16), a.max_qp_init_rd_atom);
   if (request != nullptr) {
     responder = std::min<int>(responder, request->responder_resources);
     initiator = std::min<int>(initiator, request->initiator_depth);
   }
   p.responder_resources = static_cast<std::uint8_t>(responder);
   p.initiator_depth = static_cast<std::uint8_t>(initiator);
-  p.retry_count = std::min<std::uint8_t>(o.retry_count, 7);
-  p.rnr_retry_count = std::min<std::uint8_t>(o.rnr_retry_count, 7);
+  p.retry_count = o.transport.retry_count;
+  p.rnr_retry_count = o.transport.rnr_retry_count;
   return p;
 }
 
@@ -281,7 +289,8 @@ struct Connection::Impl {
   std::vector<MemoryRegion> retired;
   // Set while connecting or accepting, before the Connection is handed out; read-only after.
   bool established = false;
-  bool settled = false;  // settle_qp done
+  TransportOptions transport;
+  std::uint8_t responder = 0, initiator = 0;  // read/atomic depths of the handshake
   // What the events have told, written by whichever thread reads them (wait() and
   // poll_events() may run in several threads at once, e.g. one per CQ): atomics.
   std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
@@ -298,7 +307,10 @@ struct Connection::Impl {
   int gone_fd = -1;
 
   ~Impl() {
-    if (established && !disconnected) rdma_disconnect(id.get());
+    if (established && !disconnected) {
+      to_error();
+      rdma_disconnect(id.get());
+    }
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
     if (over_fd >= 0) ::close(over_fd);
     if (gone_fd >= 0) ::close(gone_fd);
@@ -379,18 +391,73 @@ struct Connection::Impl {
 
     QpOptions q = o.qp;
     q.port = id->port_num;
-    ibv_qp_init_attr init = QueuePair::init_attr(*send_cq, *recv_cq, q);
-    if (rdma_create_qp(id.get(), pd->native_handle(), &init) != 0) fail(errno, phase, "rdma_create_qp", where);
-    std::shared_ptr<ibv_srq> srq = q.srq != nullptr ? q.srq->shared_handle() : nullptr;
-    std::shared_ptr<ibv_qp> raw(id->qp, [id_ = id, p = pd->shared_handle(), s = send_cq->shared_handle(),
-                                         r = recv_cq->shared_handle(), srq](ibv_qp*) { rdma_destroy_qp(id_.get()); });
-    qp.emplace(QueuePair::adopt(std::move(raw), q, init.cap, QpState::init));  // rdma_create_qp leaves it in INIT
-    (void)qp->refresh_state(where);
+    // Created by the core, not rdma_create_qp(3): librdmacm then sees no QP on the id
+    // (id->qp stays null) and never modifies it. Left to librdmacm, rdma_accept and the
+    // client's CONNECT_RESPONSE handling re-apply its INIT attributes (remote read and write)
+    // and send the reply or RTU before the caller could take them back: a peer writing at once
+    // went through rights never granted. This side makes every transition itself (transition()).
+    qp.emplace(*pd, *send_cq, *recv_cq, q, where);
     access = o.qp.access;
+    transport = o.transport;
+    transition(IBV_QPS_INIT, phase, where);
+  }
 
-    std::uint8_t t = o.ack_timeout;
-    if (rdma_set_option(id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) != 0)
-      fail(errno, phase, "rdma_set_option(ACK_TIMEOUT)", where);
+  /// Moves the QP to `state` with what rdma_cm knows of the connection (rdma_init_qp_attr(3):
+  /// pkey and port, path, the peer's QP number, PSNs) and what is this side's to choose: the
+  /// access rights of the options, its TransportOptions, and the read/atomic depths negotiated
+  /// in the handshake (responder, initiator).
+  void transition(ibv_qp_state state, Phase phase, SourceLocation where) {
+    ibv_qp_attr a{};
+    int mask = 0;
+    a.qp_state = state;
+    if (rdma_init_qp_attr(id.get(), &a, &mask) != 0)
+      fail(errno, phase, std::string("rdma_init_qp_attr(") + std::string(to_string(static_cast<QpState>(state))) + ")",
+           where);
+    const TransportOptions& t = transport;
+    switch (state) {
+      case IBV_QPS_INIT:
+        a.qp_access_flags = static_cast<unsigned>(access.value());
+        mask |= IBV_QP_ACCESS_FLAGS;
+        break;
+      case IBV_QPS_RTR:
+        // rdma_cm would leave min_rnr_timer at 0, which the specification makes 655 ms.
+        a.min_rnr_timer = t.min_rnr_timer;
+        a.max_dest_rd_atomic = (mask & IBV_QP_MAX_DEST_RD_ATOMIC) != 0 ? std::min(a.max_dest_rd_atomic, responder)
+                                                                         : responder;
+        mask |= IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_DEST_RD_ATOMIC;
+        if (t.path_mtu) a.path_mtu = static_cast<ibv_mtu>(*t.path_mtu);
+        if (t.service_level) a.ah_attr.sl = *t.service_level;
+        if (t.traffic_class) a.ah_attr.grh.traffic_class = *t.traffic_class;
+        if (t.hop_limit) a.ah_attr.grh.hop_limit = *t.hop_limit;
+        break;
+      case IBV_QPS_RTS:
+        a.timeout = t.ack_timeout;
+        a.retry_cnt = t.retry_count;
+        a.rnr_retry = t.rnr_retry_count;
+        a.max_rd_atomic = (mask & IBV_QP_MAX_QP_RD_ATOMIC) != 0 ? std::min(a.max_rd_atomic, initiator) : initiator;
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+        break;
+      default: break;
+    }
+    qp->modify(a, mask | IBV_QP_STATE, where);
+  }
+
+  /// INIT -> RTR -> RTS, with the depths of the handshake (`p`, as this side sends or sent it).
+  void to_rts(const rdma_conn_param& p, Phase phase, SourceLocation where) {
+    responder = p.responder_resources;
+    initiator = p.initiator_depth;
+    transition(IBV_QPS_RTR, phase, where);
+    transition(IBV_QPS_RTS, phase, where);
+  }
+
+  /// Moves the QP to ERR, flushing what is posted: librdmacm does so only for a QP it manages,
+  /// and rxe leaves the QP in RTS otherwise, where a posted receive would wait forever. Directly
+  /// on the ibv_qp: another thread may be posting, which a QueuePair transition forbids; posts
+  /// allowed in RTS are allowed in ERR too (they flush), so qp().state() stays RTS.
+  void to_error() noexcept {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (qp) (void)ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE);
   }
 
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
@@ -400,28 +467,8 @@ struct Connection::Impl {
     peer_private = std::move(p.rest);
   }
 
-  /// Once the QP is in RTS: take back the remote rights rdma_cm granted on it that the options
-  /// did not ask for, and set its RNR timer to the core's default.
-  void settle_qp(Phase phase, SourceLocation where) {
-    // rdma_cm leaves min_rnr_timer at 0, which the specification makes 655 ms. The
-    // connection follows the core's default instead (verbs::ConnectOptions::min_rnr_timer),
-    // whose budget with rnr_retry_count retries is documented there.
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTS;
-    a.qp_access_flags = static_cast<unsigned>(access.value());
-    a.min_rnr_timer = verbs::ConnectOptions{}.min_rnr_timer;
-    if (const int rc = ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER);
-        rc != 0)
-      fail(detail::rc_to_errno(rc), phase, "ibv_modify_qp(RTS, access flags, min_rnr_timer)", where);
-    (void)qp->refresh_state(where);
-    settled = true;
-  }
-
-  /// After ESTABLISHED (the client's QP reaches RTS only then).
-  void on_established(Phase phase, SourceLocation where) {
-    established = true;
-    if (!settled) settle_qp(phase, where);
-  }
+  /// Once this side is connected.
+  void on_established() { established = true; }
 
   /// Reads pending events without blocking, and notes a disconnect (or device removal).
   void pump(std::error_code& ec) noexcept {
@@ -444,7 +491,8 @@ struct Connection::Impl {
   /// would wait forever).
   void settle() noexcept {
     if ((peer_gone || device_removed) && !disconnected.exchange(true)) {
-      rdma_disconnect(id.get());  // once, whichever thread gets here first
+      to_error();  // once, whichever thread gets here first
+      rdma_disconnect(id.get());
       wake_all();
     }
   }
@@ -570,6 +618,7 @@ bool Connection::wait_disconnected(milliseconds timeout, SourceLocation where) {
 void Connection::disconnect(SourceLocation where) {
   if (!impl_->established || impl_->disconnected.exchange(true)) return;
   impl_->wake_all();  // threads in wait() now fail with ENOTCONN
+  impl_->to_error();
   if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect", where);
 }
 
@@ -657,7 +706,7 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
 }
 
 // ---------------------------------------------------------------------------------------------
-Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& o, SourceLocation where) {
+Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
   const auto deadline = deadline_after(o.timeout);
   const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
   const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect, where);
@@ -684,21 +733,30 @@ Connection connect(std::string_view host, std::uint16_t port, const ConnectOptio
   } catch (const ConnectError& e) {
     fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
   }
+  if (const auto tc = o.connection.transport.traffic_class) {
+    std::uint8_t tos = *tc;
+    if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
+      fail(errno, Phase::resolve_route, target + ": rdma_set_option(TOS)", where);
+  }
   if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
   (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, step_deadline(), Phase::resolve_route,
                      o.resolve_timeout, where);
 
   c->build(o.connection, Phase::connect, where);
   if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
-  rdma_conn_param p = conn_param(o.connection, data, *c->device);
+  rdma_conn_param p = conn_param(o.connection, data, *c->device, *c->qp);
   if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
-  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline, Phase::connect, o.timeout, where);
+  // With no QP on the id, librdmacm hands the reply over as it is: the QP reaches RTS with this
+  // side's attributes only, and then rdma_establish(3) sends the RTU.
+  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_CONNECT_RESPONSE, deadline, Phase::connect, o.timeout, where);
+  c->to_rts(p, Phase::connect, where);
+  if (rdma_establish(c->id.get()) != 0) fail(errno, Phase::connect, target + ": rdma_establish", where);
   c->take_private_data(std::move(e.private_data));
-  c->on_established(Phase::connect, where);
+  c->on_established();
   return Connection(std::move(c));
 }
 
-std::optional<Connection> connect(std::string_view host, std::uint16_t port, const ConnectOptions& options,
+std::optional<Connection> connect(std::string_view host, std::uint16_t port, const ClientOptions& options,
                                   std::error_code& ec) {
   try {
     ec.clear();
@@ -806,19 +864,23 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
     }
-    rdma_conn_param p = conn_param(o, data, *c->device, &*req);
+    rdma_conn_param p = conn_param(o, data, *c->device, *c->qp, &*req);
+    // In RTS before the reply goes: the client may send (or write) as soon as it has it, before
+    // ESTABLISHED reaches us.
+    try {
+      c->to_rts(p, Phase::accept, where);
+    } catch (...) {
+      rdma_reject(c->id.get(), nullptr, 0);
+      throw;
+    }
     if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept", where);
-    // On InfiniBand and RoCE, rdma_accept leaves the QP in RTS and the reply on its way: the
-    // client may send (or write) as soon as it has it, before ESTABLISHED reaches us. Settle
-    // the QP now, not then.
-    if (c->qp->refresh_state(where) == QpState::rts) c->settle_qp(Phase::accept, where);
     // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
     // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
     const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, handshake_deadline, Phase::accept,
                                  budget, where, RDMA_CM_EVENT_DISCONNECTED);
-    c->on_established(Phase::accept, where);
+    c->on_established();
     if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
     return Connection(std::move(c));
   }

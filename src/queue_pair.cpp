@@ -230,7 +230,7 @@ void QueuePair::to_init(SourceLocation where) {
   modify_(a, mask, IBV_QPS_INIT, "ibv_modify_qp(INIT)", where);
 }
 
-void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLocation where) {
+void QueuePair::to_rtr(const Endpoint& remote, const TransportOptions& o, SourceLocation where) {
   ibv_qp_attr a{};
   int mask = 0;
   if (type_ != QpType::ud) {
@@ -238,7 +238,7 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLo
     a.dest_qp_num = remote.qp_num;
     a.rq_psn = remote.psn & 0xffffffu;
     a.ah_attr.dlid = remote.lid;
-    a.ah_attr.sl = o.sl;
+    a.ah_attr.sl = o.service_level.value_or(0);
     a.ah_attr.port_num = port_;
     // RoCE always needs a GRH; InfiniBand only when the peer gave a GID (another subnet).
     if (ethernet_ || !remote.gid.is_zero()) {
@@ -248,12 +248,12 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLo
       a.ah_attr.is_global = 1;
       a.ah_attr.grh.dgid = remote.gid.native();
       a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_index_);
-      a.ah_attr.grh.hop_limit = o.hop_limit;
-      a.ah_attr.grh.traffic_class = o.traffic_class;
+      a.ah_attr.grh.hop_limit = o.hop_limit.value_or(64);
+      a.ah_attr.grh.traffic_class = o.traffic_class.value_or(0);
     }
     mask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     if (type_ == QpType::rc) {
-      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.max_dest_rd_atomic.value_or(16), max_rd_atom_);
+      a.max_dest_rd_atomic = std::min<std::uint8_t>(o.responder_resources.value_or(16), max_rd_atom_);
       a.min_rnr_timer = o.min_rnr_timer;
       mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     }
@@ -261,27 +261,27 @@ void QueuePair::to_rtr(const Endpoint& remote, const ConnectOptions& o, SourceLo
   modify_(a, mask, IBV_QPS_RTR, "ibv_modify_qp(RTR)", where);
 }
 
-void QueuePair::to_rts(const ConnectOptions& o, SourceLocation where) {
-  if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
-    bad_option("QueuePair::to_rts: retry_cnt and rnr_retry are 0..7, timeout 0..31", where);
+void QueuePair::to_rts(const TransportOptions& o, SourceLocation where) {
+  if (o.retry_count > 7 || o.rnr_retry_count > 7 || o.ack_timeout > 31)
+    bad_option("QueuePair::to_rts: TransportOptions::retry_count and rnr_retry_count are 0..7, ack_timeout 0..31", where);
   ibv_qp_attr a{};
   a.sq_psn = local_.psn;
   int mask = IBV_QP_SQ_PSN;
   if (type_ == QpType::rc) {
-    a.timeout = o.timeout;
-    a.retry_cnt = o.retry_cnt;
-    a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = std::min<std::uint8_t>(o.max_rd_atomic.value_or(16), max_init_rd_atom_);
+    a.timeout = o.ack_timeout;
+    a.retry_cnt = o.retry_count;
+    a.rnr_retry = o.rnr_retry_count;
+    a.max_rd_atomic = std::min<std::uint8_t>(o.initiator_depth.value_or(16), max_init_rd_atom_);
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
   }
   modify_(a, mask, IBV_QPS_RTS, "ibv_modify_qp(RTS)", where);
 }
 
-void QueuePair::connect(const Endpoint& remote, const ConnectOptions& o, SourceLocation where) {
+void QueuePair::connect(const Endpoint& remote, const TransportOptions& o, SourceLocation where) {
   check_not_empty_("connect", where);
   if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()", where);
-  if (o.retry_cnt > 7 || o.rnr_retry > 7 || o.timeout > 31)
-    bad_option("QueuePair::connect: retry_cnt and rnr_retry are 0..7, timeout 0..31", where);
+  if (o.retry_count > 7 || o.rnr_retry_count > 7 || o.ack_timeout > 31)
+    bad_option("QueuePair::connect: TransportOptions::retry_count and rnr_retry_count are 0..7, ack_timeout 0..31", where);
   if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
   if (state_ == IBV_QPS_RESET) to_init(where);
   to_rtr(remote, o, where);
@@ -295,6 +295,12 @@ void QueuePair::activate(SourceLocation where) {
   if (state_ == IBV_QPS_RESET) to_init(where);
   to_rtr(Endpoint{}, {}, where);
   to_rts({}, where);
+}
+
+void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
+  check_not_empty_("modify", where);
+  detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask), "ibv_modify_qp", where);
+  if ((mask & IBV_QP_STATE) != 0) set_state_(static_cast<std::uint8_t>(attr.qp_state));
 }
 
 void QueuePair::reset(SourceLocation where) {

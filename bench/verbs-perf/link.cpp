@@ -465,12 +465,12 @@ std::vector<verbs::Endpoint> decode_side(std::span<const std::byte> in, Session&
 
 void connect_qps(Session& s, const std::vector<verbs::Endpoint>& eps) {
   const auto [init, resp] = read_depths(s.cfg, *s.device);
-  // perftest's RNR timer (12, 0.64 ms), not the library's patient default: with rnr_retry 7
-  // the budget does not matter, only how soon a send that met RNR is retried.
-  const verbs::ConnectOptions o{.max_rd_atomic = init,
-                                .max_dest_rd_atomic = resp,
-                                .min_rnr_timer = 12,
-                                .rnr_retry = kRnrRetry};
+  // perftest's RNR timer (12, 0.64 ms), not the library's patient default: with an RNR retry
+  // count of 7 the budget does not matter, only how soon a send that met RNR is retried.
+  const verbs::TransportOptions o{.initiator_depth = init,
+                                  .responder_resources = resp,
+                                  .min_rnr_timer = 12,
+                                  .rnr_retry_count = kRnrRetry};
   for (std::size_t q = 0; q < s.qps.size(); ++q) s.qps[q]->connect(eps[q], o);
 }
 
@@ -540,13 +540,11 @@ std::unique_ptr<Session> open_cm(const Config& local) {
   const auto [init, resp] = read_depths(local, *s.device);
   verbs::cm::ConnectionOptions co{
       .qp = qp_options(local, d.tx + 2, d.rx + 2, inline_wanted(local)),
+      .transport = {.initiator_depth = init, .responder_resources = resp, .rnr_retry_count = kRnrRetry},
       .pd = &*s.pd,
       .send_cq = &*s.send_cq,
       .recv_cq = &*s.recv_cq,
-      .private_data = params,
-      .responder_resources = resp,
-      .initiator_depth = init,
-      .rnr_retry_count = kRnrRetry};
+      .private_data = params};
   if (local.server()) {
     std::printf("\n************************************\n* Waiting for client to connect... *\n"
                 "************************************\n");
@@ -572,7 +570,7 @@ std::unique_ptr<Session> open_cm(const Config& local) {
     // As with TCP, a server that is not listening yet is given a few seconds.
     const auto give_up = Clock::now() + std::chrono::seconds(5);
     for (std::uint32_t q = 0; q < local.qps; ++q) {
-      const verbs::cm::ConnectOptions o{.timeout = local.timeout, .source_address = address, .connection = co};
+      const verbs::cm::ClientOptions o{.timeout = local.timeout, .source_address = address, .connection = co};
       for (;;) {
         std::error_code ec;
         if (auto c = verbs::cm::connect(local.host, local.port, o, ec)) {

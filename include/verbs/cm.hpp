@@ -106,6 +106,18 @@ struct ConnectionOptions {
   /// RC; .access restricts what the peer may do (none by default); an .srq must be on the
   /// connection's PD (ConnectionOptions::pd), else EINVAL.
   QpOptions qp = {};
+  /// How this side's QP talks to the peer (its RTR and RTS attributes), with the core's names
+  /// and defaults and their budgets (TransportOptions). Applied to this side's QP, whose
+  /// transitions the library makes itself, and offered in the handshake (initiator_depth,
+  /// responder_resources, retry_count, rnr_retry_count; a peer whose QP librdmacm manages takes
+  /// the retries for its own). The depths are capped by the device and, on accept, by the
+  /// request (rdma_accept(3): the server answers within what the client offers); the client's
+  /// QP takes the server's answer. Empty optionals take what rdma_cm resolved: path MTU,
+  /// service level, hop limit, and the traffic class, which on the client is set with
+  /// RDMA_OPTION_ID_TOS before route resolution (so rdma_cm's own packets and the service
+  /// level it derives follow it). Out of range (retries over 7, ack_timeout or min_rnr_timer
+  /// over 31): EINVAL before anything is sent.
+  TransportOptions transport = {};
   int cq_depth = 256;                        ///< depth of the CQs the connection creates
   /// Share a PD (made from Listener::device(), device_for() or device_to()). Read only during
   /// connect() or accept(): the connection then shares the PD's ownership, so the caller's
@@ -117,20 +129,11 @@ struct ConnectionOptions {
   /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
   /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.
   std::optional<RemoteSlice> expose = std::nullopt;
-  /// Reads/atomics the peer may have in flight to us: capped by the device and, on accept, by
-  /// the request's initiator depth (rdma_accept(3): the server answers within what the client offers).
-  std::uint8_t responder_resources = 16;
-  /// Reads/atomics we may have in flight: capped by the device and, on accept, by the request's
-  /// responder resources; the client's QP takes the server's answer.
-  std::uint8_t initiator_depth = 16;
-  std::uint8_t retry_count = 6;              ///< transport retries; 7 would retry forever on rxe
-  std::uint8_t rnr_retry_count = 6;          ///< the peer's RNR retries (sent in the handshake); 7: forever
-  std::uint8_t ack_timeout = 14;             ///< 4.096 µs * 2^14 = 67 ms per transport try
   /// Called once the QP exists, before this side starts or answers the handshake (before
   /// rdma_connect(3) or rdma_accept(3)). Post the first receives here: a peer may send as soon
   /// as it is connected, before connect() or accept() has returned on this side, and a send
-  /// that finds no receive meets RNR (retried after the receiver's RNR timer, rnr_retry_count
-  /// times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
+  /// that finds no receive meets RNR (retried after the receiver's RNR timer, the sender's
+  /// transport.rnr_retry_count times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
   /// Receives posted here come before any of Connection::exchange(), which then fails: with
   /// them, hand buffers over with `expose` instead.
   /// An exception from it ends the connect or accept (the server rejects the request) and
@@ -138,8 +141,8 @@ struct ConnectionOptions {
   std::function<void(const Handshake&)> before_handshake{};
 };
 
-/// How cm::connect() connects.
-struct ConnectOptions {
+/// How cm::connect() connects (the client's side; ListenOptions is the server's).
+struct ClientOptions {
   std::chrono::milliseconds timeout = 10s;         ///< deadline for the whole connect
   std::chrono::milliseconds resolve_timeout = 2s;  ///< each of address and route resolution
   std::string source_address{};                    ///< local address to connect from (default: routed)
@@ -197,7 +200,11 @@ class Connection {
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
   /// The receive completion queue, as send_cq().
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
-  /// The connected RC queue pair, in RTS.
+  /// The connected RC queue pair, in RTS. The library makes its transitions itself (librdmacm
+  /// does not manage it), so it never grants a right the options did not ask for. Once the
+  /// connection ends (either side's disconnect, the peer's departure) the connection moves it
+  /// to ERR, flushing what is posted: query_state() then says ERR, while state() stays RTS
+  /// (the posts allowed are the same; the move is made while other threads may be posting).
   [[nodiscard]] QueuePair& qp() noexcept;
 
   /// The private data the peer attached (without the exposed slice), zero-padded to the field.
@@ -299,7 +306,7 @@ class Connection {
 
  private:
   friend class Listener;
-  friend Connection connect(std::string_view, std::uint16_t, const ConnectOptions&, SourceLocation);
+  friend Connection connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
   /// wait() without the completions exchange() held back.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
@@ -314,11 +321,11 @@ class Connection {
 /// saying which phase failed and why (no listener: ECONNREFUSED; silent or unreachable
 /// address: ETIMEDOUT or EHOSTUNREACH within `timeout`; no RDMA device: ENODEV; private data
 /// too large: EMSGSIZE, before anything is sent). Errors record `where`, the caller's line.
-[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ConnectOptions& options = {},
+[[nodiscard]] Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& options = {},
                                  SourceLocation where = SourceLocation::current());
 /// As above, reporting failure through `ec` (and returning empty).
 [[nodiscard]] std::optional<Connection> connect(std::string_view host, std::uint16_t port,
-                                                const ConnectOptions& options, std::error_code& ec);
+                                                const ClientOptions& options, std::error_code& ec);
 
 /// The device that owns a local IP address, as librdmacm sees it: a PD, CQ or SRQ made from it
 /// can be shared by connections on that address (ConnectionOptions::pd and the CQ pointers).

@@ -78,27 +78,35 @@ struct Endpoint {
   friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
 
-/// Attributes for RTR and RTS. The defaults never wait forever: on rxe a retry count of 7
-/// retries without end, and an rnr_retry of 7 is infinite by the specification.
+/// How a connected QP talks to its peer: the attributes of RTR and RTS, named as rdma_cm names
+/// them (rdma_conn_param, rdma_set_option), so the core and cm::ConnectionOptions::transport
+/// share one vocabulary. The defaults never wait forever: on rxe a retry count of 7 retries
+/// without end, and an RNR retry count of 7 is infinite by the specification. An empty optional
+/// takes the default given; through rdma_cm (cm::ConnectionOptions::transport), what rdma_cm
+/// negotiated or resolved for the connection instead.
 ///
-/// Budgets of the defaults (4.096 us x 2^timeout per try; the RNR timer is the responder's):
+/// Budgets of the defaults (4.096 us x 2^ack_timeout per try; the RNR timer is the responder's):
 /// - a peer that stops answering: 7 tries of 67 ms, so a request fails with RETRY_EXC_ERR
 ///   after about 0.5 s (more on a lossy link, where each loss costs one try);
 /// - a receiver without a posted receive (RNR): 6 retries 491.52 ms apart, so the receiver has
 ///   about 2.9 s to post one before the send fails with RNR_RETRY_EXC_ERR. A send that meets
 ///   RNR waits at least 491.52 ms, so post receives ahead; lower min_rnr_timer (e.g. 12,
 ///   0.64 ms) to retry sooner with a correspondingly shorter budget.
-struct ConnectOptions {
-  std::optional<Mtu> path_mtu = std::nullopt;               ///< default: the smaller of both ports' active MTU
-  std::optional<std::uint8_t> max_rd_atomic = std::nullopt; ///< outstanding reads/atomics as initiator; default min(16, device)
-  std::optional<std::uint8_t> max_dest_rd_atomic = std::nullopt; ///< as responder; default min(16, device)
-  std::uint8_t min_rnr_timer = 31;           ///< RNR NAK timer (IB spec table): 31 = 491.52 ms, 12 = 0.64 ms, 0 = 655.36 ms
-  std::uint8_t timeout = 14;                 ///< 4.096 µs * 2^14 = 67 ms per try
-  std::uint8_t retry_cnt = 6;                ///< transport retries (7 is infinite on rxe)
-  std::uint8_t rnr_retry = 6;                ///< receiver-not-ready retries (7 is infinite)
-  std::uint8_t sl = 0;                       ///< service level
-  std::uint8_t traffic_class = 0;            ///< GRH traffic class (DSCP and ECN on RoCE v2)
-  std::uint8_t hop_limit = 64;               ///< GRH hop limit (IP TTL on RoCE v2)
+struct TransportOptions {
+  std::optional<Mtu> path_mtu = std::nullopt;  ///< default: the smaller of both ports' active MTU (cm: the route's)
+  /// Reads/atomics this side may have in flight (max_rd_atomic); default min(16, device)
+  /// (cm: also within what the peer offers).
+  std::optional<std::uint8_t> initiator_depth = std::nullopt;
+  /// Reads/atomics the peer may have in flight to this side (max_dest_rd_atomic); default
+  /// min(16, device) (cm: also within what the peer offers).
+  std::optional<std::uint8_t> responder_resources = std::nullopt;
+  std::uint8_t min_rnr_timer = 31;    ///< RNR NAK timer (IB spec table): 31 = 491.52 ms, 12 = 0.64 ms, 0 = 655.36 ms
+  std::uint8_t ack_timeout = 14;      ///< 4.096 µs * 2^14 = 67 ms per try (0..31)
+  std::uint8_t retry_count = 6;       ///< transport retries, 0..7 (7 is infinite on rxe)
+  std::uint8_t rnr_retry_count = 6;   ///< receiver-not-ready retries, 0..7 (7 is infinite)
+  std::optional<std::uint8_t> service_level = std::nullopt;  ///< SL; default 0 (cm: the route's)
+  std::optional<std::uint8_t> traffic_class = std::nullopt;  ///< GRH traffic class (DSCP and ECN on RoCE v2); default 0 (cm: the route's)
+  std::optional<std::uint8_t> hop_limit = std::nullopt;      ///< GRH hop limit (IP TTL on RoCE v2); default 64 (cm: the route's)
 };
 
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
@@ -178,15 +186,19 @@ class QueuePair {
   /// RESET -> INIT, with the access rights and port of the options.
   void to_init(SourceLocation where = SourceLocation::current());
   /// INIT -> RTR towards `remote` (RC/UC); UD needs no remote.
-  void to_rtr(const Endpoint& remote, const ConnectOptions& options = {},
+  void to_rtr(const Endpoint& remote, const TransportOptions& options = {},
               SourceLocation where = SourceLocation::current());
   /// RTR -> RTS.
-  void to_rts(const ConnectOptions& options = {}, SourceLocation where = SourceLocation::current());
+  void to_rts(const TransportOptions& options = {}, SourceLocation where = SourceLocation::current());
   /// (RESET ->) INIT -> RTR -> RTS towards `remote`.
-  void connect(const Endpoint& remote, const ConnectOptions& options = {},
+  void connect(const Endpoint& remote, const TransportOptions& options = {},
                SourceLocation where = SourceLocation::current());
   /// UD: (RESET ->) INIT -> RTR -> RTS.
   void activate(SourceLocation where = SourceLocation::current());
+  /// ibv_modify_qp(3) with attributes made elsewhere, e.g. by rdma_init_qp_attr(3) for a QP that
+  /// librdmacm does not manage. With IBV_QP_STATE in `mask`, state() and the posts allowed
+  /// follow `attr.qp_state`, as after the transitions above (and with the same threading rule).
+  void modify(ibv_qp_attr& attr, int mask, SourceLocation where = SourceLocation::current());
   /// Any state -> RESET; outstanding requests are discarded. The QP can then connect again.
   void reset(SourceLocation where = SourceLocation::current());
   /// Any state -> ERR; outstanding requests complete with WR_FLUSH_ERR.
@@ -339,6 +351,9 @@ class QueuePair {
 
   /// The C handle.
   [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
+  /// Shares ownership of the C handle: the ibv_qp, and what it keeps alive, lives until the last
+  /// owner is gone (e.g. a thread that still queries it).
+  [[nodiscard]] std::shared_ptr<ibv_qp> shared_handle() const noexcept { return qp_; }
 
  private:
   // The failure paths are out of line, so that what is inlined into every post is the checks,

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -363,15 +364,15 @@ TEST_F(Cm, ClientRegistersOnTheRoutesDeviceAndExposesItInTheHandshake) {
 }
 
 // A client may send the moment connect() returns, before the server's accept() has returned
-// and before the server could post a receive. With no RNR retries (rnr_retry_count 0 on both
-// sides), that send fails with RNR_RETRY_EXC_ERR unless the server posted its receive in
+// and before the server could post a receive. With no RNR retries (transport.rnr_retry_count 0
+// on the client, whose send it is), that send fails with RNR_RETRY_EXC_ERR unless the server posted its receive in
 // before_handshake, before rdma_accept.
 TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
   const auto round = [&](bool early) {
     cm::Listener listener(test_addr(), 0);
     std::optional<MemoryRegion> inbox;
     int calls = 0;
-    cm::ConnectionOptions so{.rnr_retry_count = 0};
+    cm::ConnectionOptions so{};
     const auto post_inbox = [&](QueuePair& qp, const ProtectionDomain& pd, std::size_t size) {
       inbox.emplace(MemoryRegion::allocate(pd, size, Access::local_write));
       if (!qp.post_recv(inbox->slice(0, size), 77).ok()) throw std::runtime_error("post_recv failed");
@@ -395,7 +396,7 @@ TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
     });
     const std::vector<std::byte> hello = bytes_of("size 64");
     cm::Connection client =
-        cm::connect(test_addr(), listener.port(), {.connection = {.private_data = hello, .rnr_retry_count = 0}});
+        cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.rnr_retry_count = 0}, .private_data = hello}});
     auto msg = MemoryRegion::allocate(client.pd(), 64);
     fill_pattern(msg.bytes(), 5);
     EXPECT_TRUE(client.qp().post_send(msg.slice(0, 64), {.wr_id = 1}).ok());
@@ -417,7 +418,7 @@ TEST_F(Cm, ReceivesPostedBeforeTheHandshakeMeetASendThatFollowsConnectAtOnce) {
 
 // A send that arrives before the server has posted its receive is retried after the server
 // QP's RNR timer. rdma_cm sets that timer to 0 (655 ms); the connection sets the core's default
-// (verbs::ConnectOptions::min_rnr_timer), and must do so before the client can send: the client
+// (TransportOptions::min_rnr_timer), and must do so before the client can send: the client
 // may send as soon as connect() returns, while the server's accept() is still waiting for
 // ESTABLISHED. Here the server posts its receive 100 ms after accept() returns; the send must
 // succeed once that receive is there. (The test no longer times the send: the core's default
@@ -430,9 +431,7 @@ TEST_F(Cm, ASendBeforeTheServersReceiveSucceedsWithTheCoresRnrTimer) {
     std::optional<MemoryRegion> inbox;
     int timer = -1;
     auto server = std::async(std::launch::async, [&] {
-      // rnr_retry_count travels in the handshake: the server's value is the client QP's. 7
-      // (forever) so that the test does not depend on the core's RNR budget; wait_one bounds it.
-      cm::Connection c = listener.accept(10s, {.rnr_retry_count = 7});
+      cm::Connection c = listener.accept(10s);
       ibv_qp_attr a{};
       ibv_qp_init_attr init{};
       if (ibv_query_qp(c.qp().native_handle(), &a, IBV_QP_MIN_RNR_TIMER, &init) == 0) timer = a.min_rnr_timer;
@@ -441,34 +440,123 @@ TEST_F(Cm, ASendBeforeTheServersReceiveSucceedsWithTheCoresRnrTimer) {
       EXPECT_TRUE(c.qp().post_recv(inbox->slice(0, 64)).ok());
       return c;
     });
-    cm::Connection client = cm::connect(test_addr(), listener.port());
+    // The client QP retries RNR forever (7), so that the test does not depend on the core's RNR
+    // budget; wait_one bounds it.
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.rnr_retry_count = 7}}});
     auto msg = MemoryRegion::allocate(client.pd(), 64);
     const auto posted = std::chrono::steady_clock::now();
     ASSERT_TRUE(client.qp().post_send(msg.slice(0, 64)).ok());
     const auto wc = client.wait_one(client.send_cq(), 10s);
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - posted);
     cm::Connection conn = server.get();
-    EXPECT_EQ(timer, ConnectOptions{}.min_rnr_timer) << "round " << round;
+    EXPECT_EQ(timer, TransportOptions{}.min_rnr_timer) << "round " << round;
     ASSERT_TRUE(wc.has_value()) << "round " << round;
     ASSERT_TRUE(wc->ok()) << "round " << round << ": " << make_error_code(wc->status()).message() << " after "
                           << took.count() << " ms";
   }
 }
 
+/// Watches the setup of one connection from a third thread, as a peer that writes at once
+/// would: `target` is the QP of the side that did not grant remote write, `writer` the peer's
+/// (both captured in before_handshake). Records whether `target` was ever seen ready to take
+/// requests (RTR or RTS) with remote write granted, and posts one write from `writer` into
+/// `dst` (wr_id 77) the moment both are in RTS, before either connect() or accept() returned.
+class RightsProbe {
+ public:
+  RightsProbe() = default;
+  RightsProbe(const RightsProbe&) = delete;
+  RightsProbe& operator=(const RightsProbe&) = delete;
+  ~RightsProbe() { (void)stop(); }
+
+  void set_target(const QueuePair& qp) {
+    const std::lock_guard lock(mutex_);
+    target_ = qp.shared_handle();  // shared: the QPs outlive a connect() or accept() that throws
+  }
+  void set_writer(const QueuePair& qp) {
+    const std::lock_guard lock(mutex_);
+    writer_ = qp.shared_handle();
+  }
+  void start(LocalSlice src, RemoteSlice dst) {
+    run_ = std::async(std::launch::async, [this, src, dst] { loop(src, dst); });
+  }
+  /// Stops watching, once the write is posted (at most 10 s); true when it was.
+  bool stop() {
+    stop_ = true;
+    if (run_.valid()) {
+      EXPECT_EQ(run_.wait_for(10s), std::future_status::ready);
+      run_.get();
+    }
+    return posted_;
+  }
+  [[nodiscard]] bool saw_write_right() const { return saw_write_right_; }
+
+ private:
+  static std::optional<ibv_qp_attr> query(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS, &init) != 0) return std::nullopt;
+    return a;
+  }
+  void loop(LocalSlice src, RemoteSlice dst) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    // Once stopped, only until the write is posted (connect() and accept() may return before
+    // this thread has seen both QPs in RTS).
+    while (!(stop_ && posted_) && std::chrono::steady_clock::now() < deadline) {
+      std::shared_ptr<ibv_qp> t, w;
+      {
+        const std::lock_guard lock(mutex_);
+        t = target_;
+        w = writer_;
+      }
+      if (t == nullptr || w == nullptr) continue;
+      const auto ta = query(t.get());
+      if (!ta) continue;
+      const bool ready = ta->qp_state == IBV_QPS_RTR || ta->qp_state == IBV_QPS_RTS;
+      if (ready && (ta->qp_access_flags & IBV_ACCESS_REMOTE_WRITE) != 0) saw_write_right_ = true;
+      if (posted_ || ta->qp_state != IBV_QPS_RTS) continue;
+      const auto wa = query(w.get());
+      if (!wa || wa->qp_state != IBV_QPS_RTS) continue;
+      ibv_sge sge = src.native();
+      ibv_send_wr wr{};
+      wr.wr_id = 77;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = dst.addr;
+      wr.wr.rdma.rkey = dst.rkey;
+      ibv_send_wr* bad = nullptr;
+      posted_ = ibv_post_send(w.get(), &wr, &bad) == 0;
+    }
+  }
+  std::mutex mutex_;
+  std::shared_ptr<ibv_qp> target_, writer_;
+  std::future<void> run_;
+  std::atomic<bool> stop_{false};
+  bool posted_ = false, saw_write_right_ = false;  // read after stop()
+};
+
 /// A write through a QP that did not grant remote_write: it must complete in error, and the
-/// target (cleared before each round) must stay zero.
-void expect_write_refused(const std::optional<Completion>& wc, const MemoryRegion& target, int round) {
+/// target (cleared before each round) must stay zero; the QP must never have granted the right
+/// while it could take requests.
+void expect_write_refused(RightsProbe& probe, cm::Connection& writer, const MemoryRegion& target, int round) {
+  const bool posted = probe.stop();
+  EXPECT_FALSE(probe.saw_write_right())
+      << "round " << round << ": the QP was ready (RTR or RTS) with remote write granted, which it was not asked for";
+  ASSERT_TRUE(posted) << "round " << round << ": the probe never saw both QPs in RTS";
+  const auto wc = writer.wait_one(writer.send_cq(), 10s);
   ASSERT_TRUE(wc.has_value()) << "round " << round;
+  EXPECT_EQ(wc->wr_id(), 77u) << "round " << round;
   EXPECT_FALSE(wc->ok()) << "round " << round << ": a write went through a QP that did not grant remote_write";
   EXPECT_TRUE(std::all_of(target.bytes().begin(), target.bytes().end(), [](std::byte b) { return b == std::byte{0}; }))
-      << "round " << round;
+      << "round " << round << ": the write landed";
 }
 
-// rdma_cm grants remote read and write on the QPs it connects; the connection takes back what
-// its options did not ask for. On the server that must be done before the client can write,
-// which it may as soon as connect() returns, while the server's accept() is still waiting for
-// ESTABLISHED. The client's memory is registered before connecting, so its write follows
-// connect() at once; ten connections, as the race goes either way.
+// rdma_cm grants remote read and write on the QPs it moves through INIT, RTR and RTS (in
+// rdma_accept on the server, inside rdma_get_cm_event on the client) and the reply or RTU is on
+// its way before the caller can take anything back. A peer may write the moment its QP is in
+// RTS: a probe thread does so, and watches the QP that was not asked for remote write while it
+// can take requests. Ten connections each way.
 TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   cm::Listener listener(test_addr(), 0);
   ProtectionDomain server_pd(*device);
@@ -478,21 +566,24 @@ TEST_F(Cm, AWriteRightAfterConnectFindsTheRightsTheServerDidNotGrantTakenBack) {
   fill_pattern(src.bytes(), 4);
   for (int round = 0; round < 10; ++round) {
     std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
+    RightsProbe probe;
+    probe.start(src.slice(0, 64), target.remote());
     // The MR allows remote write; the server's QP was asked for remote read only.
     auto server = std::async(std::launch::async, [&] {
-      return listener.accept(10s, {.qp = {.access = Access::remote_read}, .pd = &server_pd, .expose = target.remote()});
+      return listener.accept(10s, {.qp = {.access = Access::remote_read},
+                                   .pd = &server_pd,
+                                   .expose = target.remote(),
+                                   .before_handshake = [&](const cm::Handshake& h) { probe.set_target(h.qp); }});
     });
-    cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.pd = &client_pd}});
-    ASSERT_TRUE(client.qp().post_write(src.slice(0, 64), client.remote()).ok());
-    const auto wc = client.wait_one(client.send_cq(), 10s);
+    cm::Connection client = cm::connect(
+        test_addr(), listener.port(),
+        {.connection = {.pd = &client_pd,
+                        .before_handshake = [&](const cm::Handshake& h) { probe.set_writer(h.qp); }}});
     cm::Connection conn = server.get();
-    expect_write_refused(wc, target, round);
+    expect_write_refused(probe, client, target, round);
   }
 }
 
-// The same on the client, whose QP rdma_cm moves to RTS with remote read and write before
-// connect() returns: a server that writes as soon as its accept() returns must find the right
-// the client did not ask for already taken back. Ten connections.
 TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
   cm::Listener listener(test_addr(), 0);
   ProtectionDomain server_pd(*device);
@@ -502,18 +593,22 @@ TEST_F(Cm, AWriteRightAfterAcceptFindsTheRightsTheClientDidNotGrantTakenBack) {
   auto target = MemoryRegion::allocate(client_pd, 64, Access::local_write | Access::remote_write);
   for (int round = 0; round < 10; ++round) {
     std::fill(target.bytes().begin(), target.bytes().end(), std::byte{0});
+    RightsProbe probe;
+    probe.start(src.slice(0, 64), target.remote());
     auto server = std::async(std::launch::async, [&] {
-      cm::Connection c = listener.accept(10s, {.pd = &server_pd});
-      EXPECT_TRUE(c.qp().post_write(src.slice(0, 64), c.remote()).ok());
-      const auto wc = c.wait_one(c.send_cq(), 10s);
-      return std::pair{std::move(c), wc};
+      return listener.accept(
+          10s, {.pd = &server_pd,
+                .before_handshake = [&](const cm::Handshake& h) { probe.set_writer(h.qp); }});
     });
     // The MR allows remote write; the client's QP was asked for remote read only.
     cm::Connection client = cm::connect(
         test_addr(), listener.port(),
-        {.connection = {.qp = {.access = Access::remote_read}, .pd = &client_pd, .expose = target.remote()}});
-    auto [conn, wc] = server.get();
-    expect_write_refused(wc, target, round);
+        {.connection = {.qp = {.access = Access::remote_read},
+                        .pd = &client_pd,
+                        .expose = target.remote(),
+                        .before_handshake = [&](const cm::Handshake& h) { probe.set_target(h.qp); }}});
+    cm::Connection conn = server.get();
+    expect_write_refused(probe, conn, target, round);
   }
 }
 
@@ -837,6 +932,47 @@ TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
   EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
 }
 
+// Each side's QP takes its own TransportOptions, as a core QP does: the RNR timer, ACK timeout,
+// retries, service level, traffic class (on the client through RDMA_OPTION_ID_TOS) and hop limit.
+TEST_F(Cm, EachSidesQpTakesItsOwnTransportOptions) {
+  cm::Listener listener(test_addr(), 0);
+  const TransportOptions server_t{.min_rnr_timer = 20, .ack_timeout = 11, .retry_count = 4, .rnr_retry_count = 3,
+                                  .service_level = 2, .traffic_class = 64, .hop_limit = 16};
+  const TransportOptions client_t{.min_rnr_timer = 12, .ack_timeout = 10, .retry_count = 5, .rnr_retry_count = 2,
+                                  .service_level = 1, .traffic_class = 32, .hop_limit = 8};
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.transport = server_t}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.transport = client_t}});
+  cm::Connection conn = server.get();
+  for (const auto& [qp, t] : {std::pair<QueuePair*, TransportOptions>{&conn.qp(), server_t}, {&client.qp(), client_t}}) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(qp->native_handle(), &a,
+                           IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_AV, &init),
+              0);
+    EXPECT_EQ(a.min_rnr_timer, t.min_rnr_timer);
+    EXPECT_EQ(a.timeout, t.ack_timeout);
+    EXPECT_EQ(a.retry_cnt, t.retry_count);
+    EXPECT_EQ(a.rnr_retry, t.rnr_retry_count);
+    EXPECT_EQ(a.ah_attr.sl, *t.service_level);
+    EXPECT_EQ(a.ah_attr.grh.traffic_class, *t.traffic_class);
+    EXPECT_EQ(a.ah_attr.grh.hop_limit, *t.hop_limit);
+  }
+  EXPECT_TRUE(client.connected());
+}
+
+// Out-of-range transport options are refused before anything is sent (a retry count of 8 was
+// clamped to 7, which rxe retries forever).
+TEST_F(Cm, OutOfRangeTransportOptionsAreRefusedBeforeConnecting) {
+  cm::Listener listener(test_addr(), 0);
+  const auto e = connect_error(
+      [&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 3s, .connection = {.transport = {.retry_count = 8}}}); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+  const auto a = thrown_by<ConnectError>([&] { (void)listener.accept(0ms, {.transport = {.min_rnr_timer = 32}}); });
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->code(), std::errc::invalid_argument) << a->what();
+}
+
 // Reads and atomics in flight are negotiated (rdma_accept(3)): the server answers with at most
 // what the request offers, so neither side initiates more than the other can take. Powers of two,
 // as rxe rounds these up.
@@ -844,7 +980,7 @@ TEST_F(Cm, AcceptNegotiatesReadAndAtomicDepthsWithTheRequest) {
   cm::Listener listener(test_addr(), 0);
   auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });  // 16 and 16
   cm::Connection client =
-      cm::connect(test_addr(), listener.port(), {.connection = {.responder_resources = 2, .initiator_depth = 4}});
+      cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.initiator_depth = 4, .responder_resources = 2}}});
   cm::Connection conn = server.get();
   const auto depths = [](const QueuePair& qp) {
     ibv_qp_attr a{};

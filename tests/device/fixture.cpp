@@ -100,7 +100,7 @@ std::string describe(const Completion& c) {
                                        << ", expected every byte to be " << static_cast<int>(value);
 }
 
-QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options, ConnectOptions connect,
+QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options, TransportOptions connect,
                CqOptions cq_options)
     : cq_a(dev, cq_options), cq_b(dev, cq_options), a(pd, cq_a, options), b(pd, cq_b, options) {
   if (options.type == QpType::ud) {

@@ -91,11 +91,11 @@ std::optional<Error> thrown_error(F&& f) {
 using verbs::test::contains;
 
 /// Two queue pairs of the same type on one device, connected to each other, each with its own
-/// CQ. The defaults fail fast: timeout 12 (17 ms), retry 3 (rxe treats 7 as forever).
+/// CQ. The defaults fail fast: ack_timeout 12 (17 ms), retry counts 3 (rxe treats 7 as forever).
 struct QpPair {
-  QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options = {}, ConnectOptions connect = fast(),
+  QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options = {}, TransportOptions connect = fast(),
          CqOptions cq_options = {.depth = 1024});
-  static ConnectOptions fast() { return ConnectOptions{.timeout = 12, .retry_cnt = 3, .rnr_retry = 3}; }
+  static TransportOptions fast() { return TransportOptions{.ack_timeout = 12, .retry_count = 3, .rnr_retry_count = 3}; }
 
   CompletionQueue cq_a, cq_b;
   QueuePair a, b;

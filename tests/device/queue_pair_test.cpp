@@ -138,10 +138,10 @@ TEST_F(QueuePair, SendLandsInThePostedReceive) {
   EXPECT_TRUE(all_bytes(d(2012, 100), std::byte{0})) << "the receive wrote past the message";
 }
 
-// The default RNR budget (ConnectOptions::min_rnr_timer and rnr_retry) lets a receiver be
+// The default RNR budget (TransportOptions::min_rnr_timer and rnr_retry_count) lets a receiver be
 // seconds late with its receive: with 0.64 ms and 6 retries it had ~4 ms, less than one large
 // ibv_reg_mr on a NIC takes. The library's defaults, all of them.
-verbs::ConnectOptions default_rnr() { return {}; }
+verbs::TransportOptions default_rnr() { return {}; }
 
 TEST_F(QueuePair, ASendSurvivesAReceiverTwoSecondsLateWithTheDefaultRnrBudget) {
   QpPair p(*dev, *pd, rc(), default_rnr());

@@ -18,7 +18,7 @@ using verbs::WcStatus;
 class RemoteError : public RegionsTest<16 * 1024> {
  protected:
   [[nodiscard]] QpPair pair(verbs::AccessFlags qp_access = all_access,
-                            verbs::ConnectOptions connect = QpPair::fast()) const {
+                            verbs::TransportOptions connect = QpPair::fast()) const {
     return QpPair(*dev, *pd, {.access = qp_access}, connect);
   }
   /// dst's remote view with an rkey that opens nothing.
@@ -141,8 +141,8 @@ TEST_F(RemoteError, SendLargerThanTheReceiveFailsOnBothSides) {
 }
 
 TEST_F(RemoteError, SendWithoutAReceiveFailsWithRnrRetryExceeded) {
-  verbs::ConnectOptions no_rnr_retry = QpPair::fast();
-  no_rnr_retry.rnr_retry = 0;
+  verbs::TransportOptions no_rnr_retry = QpPair::fast();
+  no_rnr_retry.rnr_retry_count = 0;
   QpPair p = pair(all_access, no_rnr_retry);
   ASSERT_TRUE(posted(p.a.post_send(src->slice(0, 32), {.wr_id = 85})));
   EXPECT_TRUE(failed_with(expect_completion(p.cq_a), WcStatus::rnr_retry_exc_err, 85));
