@@ -1,6 +1,7 @@
 #include "verbs/cm.hpp"
 
 #include "cm_private_data.hpp"
+#include "detail.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,21 +27,13 @@ using std::chrono::milliseconds;
   throw ConnectError(std::error_code(err, std::generic_category()), phase, text, where);
 }
 
-/// now + timeout, saturating: milliseconds::max() (any timeout past the clock's range) means
-/// "as long as it takes", where the plain sum would overflow into the past and return at once.
-Clock::time_point deadline_after(milliseconds timeout) {
-  const auto now = Clock::now();
-  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now)) return Clock::time_point::max();
-  return now + timeout;
-}
+// now + timeout without overflow, and the milliseconds left for poll(2): the core's helpers.
+using detail::deadline_after;
 
 /// A timeout for librdmacm's int milliseconds: at least 1, at most 2^30 (12 days).
 int clamp_ms(milliseconds timeout) { return static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 1, 1 << 30)); }
 
-int ms_until(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
-}
+int ms_until(Clock::time_point deadline) { return detail::poll_ms_until(deadline); }
 
 std::shared_ptr<rdma_event_channel> make_channel(Phase phase, SourceLocation where) {
   rdma_event_channel* ch = rdma_create_event_channel();
