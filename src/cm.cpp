@@ -444,13 +444,11 @@ struct Connection::Impl {
   }
 
   /// Moves the QP to ERR, flushing what is posted: librdmacm does so only for a QP it manages,
-  /// and rxe leaves the QP in RTS otherwise, where a posted receive would wait forever. Directly
-  /// on the ibv_qp: another thread may be posting, which a QueuePair transition forbids; posts
-  /// allowed in RTS are allowed in ERR too (they flush), so qp().state() stays RTS.
+  /// and rxe leaves the QP in RTS otherwise, where a posted receive would wait forever. Not by
+  /// a QueuePair transition, which another thread's posting forbids: posts allowed in RTS are
+  /// allowed in ERR too (they flush), and qp().state() becomes ERR.
   void to_error() noexcept {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_ERR;
-    if (qp) (void)ibv_modify_qp(qp->native_handle(), &a, IBV_QP_STATE);
+    if (qp) detail::flush_to_error(*qp);
   }
 
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
@@ -841,10 +839,22 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     const milliseconds budget = impl_->handshake_timeout;
     const auto handshake_deadline = deadline_after(budget);
     auto c = std::make_unique<Connection::Impl>();
-    c->channel = make_channel(Phase::accept, where);
+    // Its own channel makes the connection independent of the listener and of the others. Until
+    // the request's id is the connection's, a failure (no descriptor left for the channel, say)
+    // rejects the request, so that the client hears at once, and destroys its id.
+    try {
+      c->channel = make_channel(Phase::accept, where);
+    } catch (...) {
+      rdma_reject(req->id, nullptr, 0);
+      rdma_destroy_id(req->id);
+      throw;
+    }
     c->id = own_id(req->id, c->channel);
-    // Its own channel makes the connection independent of the listener and of the others.
-    if (rdma_migrate_id(req->id, c->channel.get()) != 0) fail(errno, Phase::accept, "rdma_migrate_id", where);
+    if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
+      const int err = errno;
+      rdma_reject(req->id, nullptr, 0);
+      fail(err, Phase::accept, "rdma_migrate_id", where);
+    }
     try {
       c->build(o, Phase::accept, where);
       c->take_private_data(std::move(req->private_data));
@@ -866,7 +876,11 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
     }
-    if (rdma_accept(c->id.get(), &p) != 0) fail(errno, Phase::accept, "rdma_accept", where);
+    if (rdma_accept(c->id.get(), &p) != 0) {
+      const int err = errno;
+      rdma_reject(c->id.get(), nullptr, 0);
+      fail(err, Phase::accept, "rdma_accept", where);
+    }
     // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
     // was lost (connection management messages are datagrams; a busy rxe drops some), so its
     // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the

@@ -209,7 +209,7 @@ void QueuePair::modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char
 }
 
 void QueuePair::set_state_(std::uint8_t state) noexcept {
-  state_ = state;
+  state_.store(state, std::memory_order_relaxed);
   // Sends are posted from RTS on (in SQD, SQE and ERR too: the device flushes or holds them).
   const std::uint64_t ops = state >= IBV_QPS_RTS ? type_ops_ : 0;
   allowed_ = ops | (max_send_sge_ >= 1 ? ops << SendWr::one_sge_bit : 0);
@@ -282,8 +282,8 @@ void QueuePair::connect(const Endpoint& remote, const TransportOptions& o, Sourc
   if (type_ == QpType::ud) bad_option("QueuePair::connect: a UD QP is not connected; use activate()", where);
   if (o.retry_count > 7 || o.rnr_retry_count > 7 || o.ack_timeout > 31)
     bad_option("QueuePair::connect: TransportOptions::retry_count and rnr_retry_count are 0..7, ack_timeout 0..31", where);
-  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
-  if (state_ == IBV_QPS_RESET) to_init(where);
+  if (state_now_() != IBV_QPS_RESET && state_now_() != IBV_QPS_INIT) reset(where);
+  if (state_now_() == IBV_QPS_RESET) to_init(where);
   to_rtr(remote, o, where);
   to_rts(o, where);
 }
@@ -291,8 +291,8 @@ void QueuePair::connect(const Endpoint& remote, const TransportOptions& o, Sourc
 void QueuePair::activate(SourceLocation where) {
   check_not_empty_("activate", where);
   if (type_ != QpType::ud) bad_option("QueuePair::activate: only for UD; connect RC and UC QPs to a peer", where);
-  if (state_ != IBV_QPS_RESET && state_ != IBV_QPS_INIT) reset(where);
-  if (state_ == IBV_QPS_RESET) to_init(where);
+  if (state_now_() != IBV_QPS_RESET && state_now_() != IBV_QPS_INIT) reset(where);
+  if (state_now_() == IBV_QPS_RESET) to_init(where);
   to_rtr(Endpoint{}, {}, where);
   to_rts({}, where);
 }
@@ -301,6 +301,15 @@ void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
   check_not_empty_("modify", where);
   detail::check_rc(ibv_modify_qp(qp_.get(), &attr, mask), "ibv_modify_qp", where);
   if ((mask & IBV_QP_STATE) != 0) set_state_(static_cast<std::uint8_t>(attr.qp_state));
+  // An address vector with a GRH names the source GID the QP now uses (rdma_cm's, for a
+  // connection: over IPv6 or a VLAN it is not choose_gid's pick).
+  if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && attr.ah_attr.grh.sgid_index != gid_index_) {
+    ibv_gid g{};
+    if (ibv_query_gid(qp_->context, port_, attr.ah_attr.grh.sgid_index, &g) == 0) {
+      gid_index_ = attr.ah_attr.grh.sgid_index;
+      local_.gid = Gid::from_native(g);
+    }
+  }
 }
 
 void QueuePair::reset(SourceLocation where) {
@@ -311,6 +320,13 @@ void QueuePair::reset(SourceLocation where) {
 void QueuePair::to_error(SourceLocation where) {
   ibv_qp_attr a{};
   modify_(a, 0, IBV_QPS_ERR, "ibv_modify_qp(ERR)", where);
+}
+
+void detail::flush_to_error(QueuePair& qp) noexcept {
+  if (!qp.qp_) return;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (ibv_modify_qp(qp.qp_.get(), &a, IBV_QP_STATE) == 0) qp.state_.store(IBV_QPS_ERR, std::memory_order_relaxed);
 }
 
 QpState QueuePair::query_state(SourceLocation where) const {

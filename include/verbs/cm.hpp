@@ -203,8 +203,8 @@ class Connection {
   /// The connected RC queue pair, in RTS. The library makes its transitions itself (librdmacm
   /// does not manage it), so it never grants a right the options did not ask for. Once the
   /// connection ends (either side's disconnect, the peer's departure) the connection moves it
-  /// to ERR, flushing what is posted: query_state() then says ERR, while state() stays RTS
-  /// (the posts allowed are the same; the move is made while other threads may be posting).
+  /// to ERR, flushing what is posted, and its state() says ERR (the posts allowed are the same
+  /// as in RTS: the move is made while other threads may be posting).
   [[nodiscard]] QueuePair& qp() noexcept;
 
   /// The private data the peer attached (without the exposed slice), zero-padded to the field.

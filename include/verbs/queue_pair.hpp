@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -119,6 +120,14 @@ struct TransportOptions {
 /// Threads: posts (send and receive) may run on several threads at once, and alongside
 /// query_state(); the state transitions and refresh_state() change what posts read, so they
 /// must not overlap a post on this QP.
+class QueuePair;
+namespace detail {
+/// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
+/// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
+/// (the QP is being given up).
+void flush_to_error(QueuePair& qp) noexcept;
+}  // namespace detail
+
 class QueuePair {
  public:
   /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an
@@ -170,7 +179,8 @@ class QueuePair {
     std::swap(access_, o.access_);
     std::swap(pkey_index_, o.pkey_index_);
     std::swap(port_, o.port_);
-    std::swap(state_, o.state_);
+    o.state_.store(state_.exchange(o.state_.load(std::memory_order_relaxed), std::memory_order_relaxed),
+                   std::memory_order_relaxed);
     std::swap(type_, o.type_);
     std::swap(has_srq_, o.has_srq_);
     std::swap(ethernet_, o.ethernet_);
@@ -212,7 +222,7 @@ class QueuePair {
   /// transitions, not while another thread posts on this QP.
   QpState refresh_state(SourceLocation where = SourceLocation::current());
   /// The state of the last transition this object made (no system call).
-  [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_); }
+  [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_now_()); }
 
   /// What the peer needs to connect to this QP.
   [[nodiscard]] Endpoint endpoint() const noexcept { return local_; }
@@ -228,7 +238,9 @@ class QueuePair {
   [[nodiscard]] std::uint32_t max_send_wr() const noexcept { return max_send_wr_; }
   [[nodiscard]] std::uint32_t max_recv_wr() const noexcept { return max_recv_wr_; }
   ///@}
-  /// The local GID index the QP uses (RoCE, or IB with a GRH).
+  /// The local GID index the QP uses (RoCE, or IB with a GRH): QpOptions::gid_index, or
+  /// choose_gid's pick, until a modify() with an address vector names another (as the rdma_cm
+  /// connection's RTR does: over IPv6 or a VLAN, rdma_cm's source GID); endpoint().gid follows.
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
   /// The local port.
   [[nodiscard]] std::uint8_t port() const noexcept { return port_; }
@@ -332,7 +344,7 @@ class QueuePair {
   /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
   PostResult post_recv(std::span<RecvWr> wrs) noexcept {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
-    if (state_ == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
+    if (state_now_() == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
       return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
     return RecvWr::post_chain(wrs, max_recv_sge_, type_ == QpType::ud ? 40u : 0u, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_recv(qp_.get(), wr, bad);
@@ -383,7 +395,7 @@ class QueuePair {
     const unsigned op = w.key_ & (SendWr::one_sge_bit - 1);
     const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
     if (!qp_) e = Errc::empty_object;
-    else if (state_ < IBV_QPS_RTS) e = Errc::bad_qp_state;
+    else if (state_now_() < IBV_QPS_RTS) e = Errc::bad_qp_state;
     else if (w.err_ != 0) e = static_cast<Errc>(w.err_);
     else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
     else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (w.key_ & SendWr::ud_bit) == 0)
@@ -402,6 +414,8 @@ class QueuePair {
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
   void check_not_empty_(const char* what, SourceLocation where) const;
+  [[nodiscard]] std::uint8_t state_now_() const noexcept { return state_.load(std::memory_order_relaxed); }
+  friend void detail::flush_to_error(QueuePair& qp) noexcept;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;
@@ -412,7 +426,10 @@ class QueuePair {
   AccessFlags access_;
   std::uint16_t pkey_index_ = 0;
   std::uint8_t port_ = 1;
-  std::uint8_t state_ = IBV_QPS_RESET;
+  // Atomic (relaxed: a plain load and store on the machines we know) because a connection moves
+  // its QP to ERR while other threads may post (detail::flush_to_error); allowed_ stays as it
+  // was, since what may be posted in RTS may be posted in ERR.
+  std::atomic<std::uint8_t> state_{IBV_QPS_RESET};
   QpType type_ = QpType::rc;
   bool has_srq_ = false;
   bool ethernet_ = false;

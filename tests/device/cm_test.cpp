@@ -1105,6 +1105,94 @@ TEST_F(Cm, ErrorsRecordTheCallersLine) {
   }));
 }
 
+// A failure after accept() took a request (here: no file descriptor left for the connection's
+// own rdma_cm channel) answers the client with a reject at once, instead of leaving its request
+// unanswered until the client's timeout, and keeps nothing of the request: the next client is
+// served.
+TEST_F(Cm, AcceptThatCannotOpenItsChannelRejectsTheRequestAndServesTheNext) {
+  cm::Listener listener(test_addr(), 0);
+  auto client = std::async(std::launch::async, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 20s}); });
+    return std::pair(e, std::chrono::steady_clock::now() - t0);
+  });
+  pollfd p{listener.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1) << "no connection request within 10 s";
+  // The client has every descriptor it needs by now (it waits for the answer). Lower this
+  // process's limit to its highest descriptor and fill the holes below: the next open fails.
+  int highest = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(d)) highest = std::max(highest, std::atoi(e->d_name));
+    ::closedir(d);
+  }
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(highest) + 1;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> fillers;
+  for (int fd; (fd = ::dup(0)) >= 0;) fillers.push_back(fd);
+  const auto e = connect_error([&] { (void)listener.accept(5s); });
+  for (const int fd : fillers) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::too_many_files_open) << e->what();
+  const auto [refused, took] = client.get();
+  ASSERT_TRUE(refused) << "the client connected to a server that failed";
+  EXPECT_EQ(refused->code(), std::errc::connection_refused) << refused->what();
+  EXPECT_LT(took, 10s) << refused->what();
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection next = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+  cm::Connection conn = server.get();
+  EXPECT_TRUE(next.connected());
+  EXPECT_TRUE(conn.connected());
+}
+
+// The connection moves its QP to ERR when it ends; state() says so (it read RTS before).
+TEST_F(Cm, QpStateSaysErrorOnceTheConnectionIsOver) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+  cm::Connection conn = server.get();
+  EXPECT_EQ(client.qp().state(), QpState::rts);
+  EXPECT_EQ(conn.qp().state(), QpState::rts);
+  client.disconnect();
+  EXPECT_EQ(client.qp().state(), QpState::err);
+  EXPECT_EQ(client.qp().query_state(), QpState::err);
+  ASSERT_TRUE(conn.wait_disconnected(10s));
+  EXPECT_EQ(conn.qp().state(), QpState::err);
+  EXPECT_EQ(conn.qp().query_state(), QpState::err);
+}
+
+// Over IPv6 link-local, rdma_cm addresses the connection with the port's fe80:: GID, while
+// choose_gid (the default of a QP made by hand) prefers the IPv4-mapped one: the connection's QP
+// reports the GID it uses, the one rdma_cm resolved.
+TEST_F(Cm, QpReportsTheGidRdmaCmResolved) {
+  const std::vector<GidEntry> table = device->gid_table(1);
+  const auto ll = std::find_if(table.begin(), table.end(), [](const GidEntry& g) {
+    return g.gid.raw[0] == 0xfe && (g.gid.raw[1] & 0xc0) == 0x80 && !g.netdev.empty();
+  });
+  if (ll == table.end()) GTEST_SKIP() << "no link-local GID on port 1";
+  if (device->choose_gid(1).entry.index == ll->index) GTEST_SKIP() << "choose_gid picks the link-local GID here";
+  const std::string addr = ll->gid.to_string() + "%" + ll->netdev;
+  cm::Listener listener(addr, 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(addr, listener.port(), {.timeout = 10s});
+  cm::Connection conn = server.get();
+  for (cm::Connection* c : {&client, &conn}) {
+    EXPECT_EQ(c->qp().gid_index(), ll->index) << addr;
+    EXPECT_EQ(c->qp().endpoint().gid, ll->gid) << c->qp().endpoint().gid.to_string();
+  }
+  // And the connection works.
+  auto buf = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  ASSERT_TRUE(conn.qp().post_recv(buf.slice(0, 64), 7).ok());
+  auto src = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  ASSERT_TRUE(client.qp().post_send(src.slice(0, 64)).ok());
+  const auto got = conn.wait_one(conn.recv_cq(), 10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(got->ok()) << static_cast<int>(got->status());
+}
+
 // Threads (suite CmThreads, run under ThreadSanitizer by scripts/test): the common pattern of
 // one thread sending and waiting on send_cq while another receives and waits on recv_cq, on one
 // connection. Both must see the peer's disconnect, and soon, whichever of them reads the event:
