@@ -11,7 +11,7 @@ AddressHandle::AddressHandle(const ProtectionDomain& pd, const AhOptions& o, Sou
   detail::require_not_empty(pd.native_handle() != nullptr, "AddressHandle: the ProtectionDomain", where);
   ibv_ah_attr a{};
   a.dlid = o.dlid;
-  a.sl = o.sl;
+  a.sl = o.service_level;
   a.port_num = o.port;
   std::string source;
   if (!o.dgid.is_zero()) {
@@ -63,7 +63,7 @@ AddressHandle::AddressHandle(const ProtectionDomain& pd, const QueuePair& local,
                               .port = local.port(),
                               .hop_limit = options.hop_limit,
                               .traffic_class = options.traffic_class,
-                              .sl = options.sl},
+                              .service_level = options.service_level},
                     where) {}
 
 AddressHandle AddressHandle::reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,

@@ -26,7 +26,7 @@ struct AhOptions {
   std::uint8_t port = 1;            ///< local port
   std::uint8_t hop_limit = 64;      ///< GRH hop limit (IP TTL on RoCE v2)
   std::uint8_t traffic_class = 0;   ///< GRH traffic class (DSCP and ECN on RoCE v2)
-  std::uint8_t sl = 0;              ///< service level (InfiniBand; PCP on RoCE)
+  std::uint8_t service_level = 0;   ///< service level (InfiniBand; PCP on RoCE), as TransportOptions::service_level
 };
 
 /// An address handle for UD sends. Move-only; keeps its protection domain alive.
@@ -36,7 +36,7 @@ class AddressHandle {
   /// another family than the destination: the message says which).
   AddressHandle(const ProtectionDomain& pd, const AhOptions& options, SourceLocation where = SourceLocation::current());
   /// An AH from `local`'s port and GID to the peer `remote` (an Endpoint it sent): the usual
-  /// way to address a UD peer. `options` gives the rest (hop limit, traffic class, sl); its
+  /// way to address a UD peer. `options` gives the rest (hop limit, traffic class, service level); its
   /// dgid, dlid, sgid_index and port are taken from the two endpoints.
   AddressHandle(const ProtectionDomain& pd, const QueuePair& local, const Endpoint& remote,
                 const AhOptions& options = {}, SourceLocation where = SourceLocation::current());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -30,6 +31,12 @@ static_assert(MoveOnlyHandle<verbs::QueuePair>::checked);
 static_assert(MoveOnlyHandle<verbs::SharedReceiveQueue>::checked);
 static_assert(MoveOnlyHandle<verbs::AddressHandle>::checked);
 static_assert(MoveOnlyHandle<verbs::Buffer>::checked);
+
+// One vocabulary for options: the address handle's service level has TransportOptions' name.
+template <typename T>
+concept NamesTheServiceLevel = requires { T{.service_level = std::uint8_t{3}}; };
+static_assert(NamesTheServiceLevel<verbs::TransportOptions>);
+static_assert(NamesTheServiceLevel<verbs::AhOptions>);
 
 // Values passed to and returned from the data path: copied freely, no ownership.
 static_assert(std::is_trivially_copyable_v<verbs::LocalSlice>);
