@@ -327,9 +327,14 @@ std::optional<GidChoice> choose_roce_gid(const std::vector<GidEntry>& table) {
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
   const PortInfo p = query_port(ctx, port_num, where);
   if (p.is_ethernet()) {
-    const std::lock_guard lock(g_cache_mutex);
-    for (const CachedChoice& c : g_cache)
-      if (c.ctx == ctx && c.port == port_num && still_there(ctx, port_num, c.choice.entry)) return c.choice;
+    // Checked outside the lock: other threads creating QPs need not wait for this query.
+    std::optional<GidChoice> cached;
+    {
+      const std::lock_guard lock(g_cache_mutex);
+      for (const CachedChoice& c : g_cache)
+        if (c.ctx == ctx && c.port == port_num) cached = c.choice;
+    }
+    if (cached && still_there(ctx, port_num, cached->entry)) return *cached;
   }
   const std::vector<GidEntry> table = query_gid_table(ctx, port_num);
   if (!p.is_ethernet()) {

@@ -193,6 +193,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   local_.lid = port.lid;
   local_.mtu = port.active_mtu;
   ud_max_ = mtu_bytes(port.active_mtu);
+  min_recv_bytes_ = o.type == QpType::ud ? 40u : 0u;
 }
 
 void QueuePair::check_not_empty_(const char* what, SourceLocation where) const {

@@ -188,6 +188,7 @@ class QueuePair {
     std::swap(max_init_rd_atom_, o.max_init_rd_atom_);
     std::swap(max_rd_atom_, o.max_rd_atom_);
     std::swap(ud_max_, o.ud_max_);
+    std::swap(min_recv_bytes_, o.min_recv_bytes_);
   }
   /// False for a moved-from (empty) QP.
   [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
@@ -346,7 +347,7 @@ class QueuePair {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
     if (state_now_() == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
       return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
-    return RecvWr::post_chain(wrs, max_recv_sge_, type_ == QpType::ud ? 40u : 0u, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    return RecvWr::post_chain(wrs, max_recv_sge_, min_recv_bytes_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ibv_post_recv(qp_.get(), wr, bad);
     });
   }
@@ -435,7 +436,10 @@ class QueuePair {
   bool ethernet_ = false;
   bool atomics_ = false;             // the device's atomic_cap is not NONE
   std::uint8_t max_init_rd_atom_ = 0, max_rd_atom_ = 0;  // the device's max_qp_init_rd_atom, max_qp_rd_atom
-  std::uint32_t ud_max_ = 0;         // largest UD message: the port's active MTU
+  // Largest UD message: the port's active MTU when the QP was made (a later change of the
+  // netdev's MTU is not seen: a larger send then fails in its completion, not before posting).
+  std::uint32_t ud_max_ = 0;
+  std::uint32_t min_recv_bytes_ = 0;  // 40 (the GRH) on UD, else 0
 };
 
 /// Exchanges two QueuePairs.
