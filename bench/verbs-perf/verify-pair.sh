@@ -3,6 +3,7 @@
 # counter) as a server and a client with --verify, which checks the data after each run; then the
 # same with data corrupted on purpose, which --verify must catch. No figure is checked.
 # Exit 77 (skipped) without a device. Usage: verify-pair.sh PATH/TO/verbs-perf
+# Under scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) each server runs on the other host.
 set -u
 perf=$1
 if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
@@ -14,6 +15,12 @@ dev=()
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 port=$((20000 + $$ % 20000))
+on_server=()
+remote=
+if [ -n "${VERBS_PAIR_DIR:-}" ] && [ -n "${VERBS_PEER_ADDR:-}" ]; then
+  remote=$VERBS_PEER_ADDR
+  on_server=("$(cd "$(dirname "$0")/../.." && pwd)/scripts/pair" exec env ${VERBS_TEST_DEVICE:+VERBS_TEST_DEVICE=$VERBS_TEST_DEVICE})
+fi
 passed=0
 failed=0
 
@@ -22,7 +29,13 @@ pair() {
   local expect=$1 host=$2
   shift 2
   port=$((port + 1))
-  timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" >"$log/server" 2>&1 &
+  local corrupt=()
+  [ -n "${VERBS_PERF_CORRUPT:-}" ] && corrupt=("VERBS_PERF_CORRUPT=$VERBS_PERF_CORRUPT")
+  if [ ${#on_server[@]} -gt 0 ]; then
+    "${on_server[@]}" "${corrupt[@]}" timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" >"$log/server" 2>&1 &
+  else
+    timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" >"$log/server" 2>&1 &
+  fi
   local spid=$! crc src
   timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" "$host" >"$log/client" 2>&1
   crc=$?
@@ -47,6 +60,7 @@ pair() {
 
 # The TCP exchange works over any address; the data goes over the device either way.
 host=127.0.0.1
+[ -n "$remote" ] && host=$remote
 pair ok $host write_bw --verify -s 4096 -n 500
 pair ok $host write_bw --verify -s 65536 -n 64 -q 2
 pair ok $host write_bw --verify -s 8 -n 1024 -l 16
@@ -60,9 +74,10 @@ pair ok $host send_bw --verify -s 100000 -n 40 -q 2
 pair ok $host send_bw --verify -s 64 -D 2
 pair ok $host atomic_lat --verify -n 200
 # rdma_cm needs the device's own address.
-if [ -n "${VERBS_TEST_ADDR:-}" ]; then
-  pair ok "$VERBS_TEST_ADDR" write_bw -R --verify -s 2048 -n 300
-  pair ok "$VERBS_TEST_ADDR" send_bw -R --verify -s 512 -n 300 -q 2
+cm_host=${remote:-${VERBS_TEST_ADDR:-}}
+if [ -n "$cm_host" ]; then
+  pair ok "$cm_host" write_bw -R --verify -s 2048 -n 300
+  pair ok "$cm_host" send_bw -R --verify -s 512 -n 300 -q 2
 fi
 # --verify must notice wrong data (VERBS_PERF_CORRUPT makes the tool spoil one message).
 export VERBS_PERF_CORRUPT=1

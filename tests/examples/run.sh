@@ -7,6 +7,8 @@
 #            srq_server, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
+# Two hosts: under scripts/rxe-pair (VERBS_PAIR_DIR and VERBS_PEER_ADDR set), the server runs
+# on the other host (scripts/pair exec) at VERBS_PEER_ADDR, the clients here.
 # Environment: VERBS_TEST_ADDR (the device's IPv4 address, default 192.0.2.1),
 #              VERBS_EXAMPLE_TIMEOUT (seconds any one process may run, default 90),
 #              VERBS_TEST_WRAPPER (a command each example runs under, e.g. valgrind and its
@@ -25,6 +27,13 @@ scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
 limit=$((${VERBS_EXAMPLE_TIMEOUT:-90} * scale))
 read -ra wrapper <<<"${VERBS_TEST_WRAPPER:-}"
 prog=${case_name%%.*}
+# Where the server runs and listens: here, or on the other host of a pair.
+server_addr=$addr
+on_server=()
+if [ -n "${VERBS_PAIR_DIR:-}" ] && [ -n "${VERBS_PEER_ADDR:-}" ]; then
+  server_addr=$VERBS_PEER_ADDR
+  on_server=("$(cd "$(dirname "$0")/../.." && pwd)/scripts/pair" exec --name server)
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/verbs-example.XXXXXX")
 pids=() labels=() failed=0
@@ -42,10 +51,11 @@ fail() {
 
 # start LABEL ARGS...: runs $prog ARGS in the background; output in $work/LABEL.out and .err.
 start() {
-  local label=$1
+  local label=$1 remote=()
   shift
-  echo "\$ $prog $*   # $label"
-  timeout -k 5 "$limit" "${wrapper[@]}" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
+  [ "$label" = server ] && remote=("${on_server[@]}")
+  echo "\$ $prog $*   # $label${remote[*]:+ (on $server_addr)}"
+  "${remote[@]}" timeout -k 5 "$limit" "${wrapper[@]}" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
   pids+=($!)
   labels+=("$label")
 }
@@ -53,7 +63,7 @@ start() {
 # start_server ARGS...: starts the server on $addr and a free port, and waits until it is
 # listening; sets $port.
 start_server() {
-  start server -a "$addr" -p 0 "$@"
+  start server -a "$server_addr" -p 0 "$@"
   local deadline=$((SECONDS + 30 * scale))
   port=
   while [ -z "$port" ]; do
@@ -123,7 +133,7 @@ case $case_name in
     for run in "1000 8" "50 65536"; do
       read -r n size <<<"$run"
       start_server -n "$n" -s "$size"
-      start client -p "$port" -n "$n" -s "$size" "$addr"
+      start client -p "$port" -n "$n" -s "$size" "$server_addr"
       finish 0
       expect client "^write_pingpong: $n iterations of $size bytes: latency median [0-9.]+ us, p99 [0-9.]+ us, min [0-9.]+ us, avg [0-9.]+ us \(half round trip\)$"
       expect server "^write_pingpong: answered $n messages of $size bytes from $addr:[0-9]+$"
@@ -132,7 +142,7 @@ case $case_name in
   write_pingpong.mismatch)
     # Each side checks the other's parameters from the handshake, and both refuse.
     start_server -n 10
-    start client -p "$port" -n 20 "$addr"
+    start client -p "$port" -n 20 "$server_addr"
     finish 1
     expect_err server "^write_pingpong: the peer runs with 'iters 20 size 8', we with 'iters 10 size 8': give both the same -n and -s$"
     expect_err client "^write_pingpong: the peer runs with 'iters 10 size 8', we with 'iters 20 size 8'"
@@ -145,9 +155,13 @@ case $case_name in
     # hang, since the kill reaches the peer only once the kernel has torn the dying process
     # down, which took from 1.7 to 6.9 s for an ASan build's server (55 ms for a plain one).
     start_server -n 100000000
-    start client -p "$port" -n 100000000 "$addr"
+    start client -p "$port" -n 100000000 "$server_addr"
     sleep 3  # connected, and in the middle of the ping-pong
-    pkill -KILL -P "${pids[0]}"  # the server itself, not the timeout(1) that runs it
+    if [ ${#on_server[@]} -gt 0 ]; then
+      "${on_server[0]}" kill server KILL  # on the other host: the job's process group
+    else
+      pkill -KILL -P "${pids[0]}"  # the server itself, not the timeout(1) that runs it
+    fi
     killed=$(date +%s%N)
     wait "${pids[1]}"
     status=$?
@@ -163,9 +177,9 @@ case $case_name in
   send_recv)
     # Three clients at once, each with its own message size and count.
     start_server -c 3
-    start client1 -p "$port" -n 300 -s 64 "$addr"
-    start client2 -p "$port" -n 100 -s 4096 "$addr"
-    start client3 -p "$port" -n 200 -s 1 "$addr"
+    start client1 -p "$port" -n 300 -s 64 "$server_addr"
+    start client2 -p "$port" -n 100 -s 4096 "$server_addr"
+    start client3 -p "$port" -n 200 -s 1 "$server_addr"
     finish 0
     expect client1 '^send_recv: 300 messages of 64 bytes echoed and checked$'
     expect client2 '^send_recv: 100 messages of 4096 bytes echoed and checked$'
@@ -176,14 +190,14 @@ case $case_name in
   read_remote)
     # The default 1 MiB, in reads of a size that does not divide it.
     start_server
-    start client -p "$port" -k 100000 "$addr"
+    start client -p "$port" -k 100000 "$server_addr"
     finish 0
     expect client '^read_remote: read 1048576 bytes in 11 reads of up to 100000 bytes \([0-9.]+ MB/s\): all as expected$'
     expect server "^read_remote: $addr:[0-9]+ read and checked 1048576 of 1048576 bytes$"
     ;;
   atomic_counter)
     start_server -c 4
-    for k in 1 2 3 4; do start client$k -p "$port" -n 250 "$addr"; done
+    for k in 1 2 3 4; do start client$k -p "$port" -n 250 "$server_addr"; done
     finish 0
     for k in 1 2 3 4; do
       expect client$k '^atomic_counter: 250 adds returned distinct, increasing values from [0-9]+ to [0-9]+$'
@@ -193,7 +207,7 @@ case $case_name in
   srq_server)
     start_server -c 4
     k=0
-    for n in 100 100 50 150; do start client$((++k)) -p "$port" -n $n "$addr"; done
+    for n in 100 100 50 150; do start client$((++k)) -p "$port" -n $n "$server_addr"; done
     finish 0
     for k in 1 2 3 4; do expect client$k '^srq_server: sent [0-9]+ messages$'; done
     expect server "^srq_server: QP [0-9]+ \($addr:[0-9]+\): (100|50|150) messages, all in order$" 4

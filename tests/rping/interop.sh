@@ -4,7 +4,8 @@
 # where a KIND is "ours" (examples/rping) or "debian" (rdma-core's rping from rdmacm-utils).
 # Exits 77 (skipped) without an RDMA device or without rdma-core's rping.
 # VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh (the wrapper only
-# for ours).
+# for ours). Under scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the
+# other host.
 set -u
 ours=$1 server_kind=$2 client_kind=$3
 scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
@@ -18,15 +19,30 @@ fi
 if ! command -v rping >/dev/null; then
   echo "skipped: rdma-core's rping is not installed (rdmacm-utils)"; exit 77
 fi
+server_addr=$addr
+on_server=()
+if [ -n "${VERBS_PAIR_DIR:-}" ] && [ -n "${VERBS_PEER_ADDR:-}" ]; then
+  server_addr=$VERBS_PEER_ADDR
+  on_server=("$(cd "$(dirname "$0")/../.." && pwd)/scripts/pair" exec)
+fi
 # run KIND ARGS...: that rping, under timeout (and ours under the wrapper).
-run() {
-  local kind=$1
-  shift
-  if [ "$kind" = ours ]; then
-    timeout $((120 * scale)) "${wrapper[@]}" "$ours" "$@"
+# serve KIND ARGS...: the same where the server runs.
+rping_of() {
+  if [ "$1" = ours ]; then
+    rping_cmd=(timeout $((120 * scale)) "${wrapper[@]}" "$ours")
   else
-    timeout $((120 * scale)) "$(command -v rping)" "$@"
+    rping_cmd=(timeout $((120 * scale)) "$(command -v rping)")
   fi
+}
+run() {
+  rping_of "$1"
+  shift
+  "${rping_cmd[@]}" "$@"
+}
+serve() {
+  rping_of "$1"
+  shift
+  "${on_server[@]}" "${rping_cmd[@]}" "$@"
 }
 
 # A port nobody else in this run uses: tests run one at a time in the VM, but be safe.
@@ -34,13 +50,13 @@ port=$(( 20000 + RANDOM % 20000 ))
 log=$(mktemp -d)
 trap 'kill $spid 2>/dev/null; rm -rf "$log"' EXIT
 
-run "$server_kind" -s -a "$addr" -p "$port" -v >"$log/server" 2>&1 &
+serve "$server_kind" -s -a "$server_addr" -p "$port" -v >"$log/server" 2>&1 &
 spid=$!
 # rdma-core's rping prints nothing when it starts listening: give it a moment, then retry
 # the client while the server is not up yet (REJECTED).
 for ((try = 1; try <= 10 * scale; try++)); do
   sleep 1
-  run "$client_kind" -c -a "$addr" -p "$port" -C "$count" -v -V >"$log/client" 2>&1
+  run "$client_kind" -c -a "$server_addr" -p "$port" -C "$count" -v -V >"$log/client" 2>&1
   crc=$?
   grep -q "REJECTED\|no listener" "$log/client" || break
 done

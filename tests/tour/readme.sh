@@ -3,12 +3,19 @@
 #   readme.sh tour PROGRAM     the server (PROGRAM) and a client (PROGRAM ADDR)
 #   readme.sh expose PROGRAM   the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
 #   readme.sh ud PROGRAM       one process, both QPs
-# VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh.
+# VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh. Under
+# scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the other host.
 set -u
 name=$1 prog=$2
 scale=${VERBS_TEST_TIMEOUT_SCALE:-1}
 read -ra wrapper <<<"${VERBS_TEST_WRAPPER:-}"
 addr=${VERBS_TEST_ADDR:-192.0.2.1}
+server_addr=$addr
+on_server=()
+if [ -n "${VERBS_PAIR_DIR:-}" ] && [ -n "${VERBS_PEER_ADDR:-}" ]; then
+  server_addr=$VERBS_PEER_ADDR
+  on_server=("$(cd "$(dirname "$0")/../.." && pwd)/scripts/pair" exec)
+fi
 if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
   echo "skipped: no RDMA device (run in the SoftRoCE VM: scripts/rxe-vm)"; exit 77
 fi
@@ -18,7 +25,7 @@ pair() {
   local -a server_args client_args
   read -ra server_args <<<"$1"
   read -ra client_args <<<"$2"
-  timeout $((120 * scale)) "${wrapper[@]}" "$prog" "${server_args[@]}" & local server=$!
+  "${on_server[@]}" timeout $((120 * scale)) "${wrapper[@]}" "$prog" "${server_args[@]}" & local server=$!
   out="" rc=1
   for ((try = 1; try <= 10 * scale; try++)); do   # the server needs a moment to listen
     sleep 1
@@ -32,8 +39,8 @@ pair() {
   [ "$rc" -eq 0 ] && [ "$src" -eq 0 ]
 }
 case "$name" in
-  tour) pair "" "$addr" && [[ "$out" == *"1000 round trips"* ]] ;;
-  expose) pair "$addr" "$addr read" && [ "$out" = "read: exposed before connecting" ] ;;
+  tour) pair "" "$server_addr" && [[ "$out" == *"1000 round trips"* ]] ;;
+  expose) pair "$server_addr" "$server_addr read" && [ "$out" = "read: exposed before connecting" ] ;;
   ud)
     out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
     echo "exit $rc: $out"

@@ -1,0 +1,31 @@
+# Cross-host tests (label twohost): each boots the two hosts of scripts/rxe-pair, joined by one
+# emulated Ethernet link, and runs a case on host b with its peer on host a (tests/twohost/run.sh).
+# They run on this machine, not inside a VM, one at a time (each pair takes both CPUs); scripts/test
+# runs them with `ctest -L twohost`. Included from tests/CMakeLists.txt with the examples and
+# bench built.
+set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
+
+# Every example pair, the server on host a and the clients on host b.
+foreach(case IN LISTS verbs_example_cases)
+  add_test(NAME twohost.example.${case}
+           COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/examples/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
+endforeach()
+# The README's tour and its expose snippet across the wire.
+add_test(NAME twohost.readme_tour
+         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh tour $<TARGET_FILE:readme_tour>)
+add_test(NAME twohost.readme_expose
+         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh expose $<TARGET_FILE:readme_expose>)
+# rping interop, ours and rdma-core's, each as the server on host a.
+foreach(pair "ours;debian" "debian;ours" "ours;ours")
+  list(GET pair 0 server)
+  list(GET pair 1 client)
+  add_test(NAME twohost.rping.${server}_server_${client}_client
+           COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/rping/interop.sh $<TARGET_FILE:rping> ${server} ${client})
+endforeach()
+# verbs-perf --verify: write, read, send and atomics, the servers on host a.
+add_test(NAME twohost.verbs_perf_verify
+         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/bench/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
+
+get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)
+list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
+set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS twohost TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
