@@ -4,6 +4,9 @@
 # runs them with `ctest -L twohost`. Included from tests/CMakeLists.txt with the examples and
 # bench built.
 set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
+# Traffic with every byte checked, for the faults (tests/twohost/wire_peer.cpp).
+add_executable(wire_peer ${CMAKE_CURRENT_LIST_DIR}/wire_peer.cpp)
+target_link_libraries(wire_peer PRIVATE verbs::verbs verbs_warnings)
 
 # Every example pair, the server on host a and the clients on host b.
 foreach(case IN LISTS verbs_example_cases)
@@ -25,6 +28,14 @@ endforeach()
 # verbs-perf --verify: write, read, send and atomics, the servers on host a.
 add_test(NAME twohost.verbs_perf_verify
          COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/bench/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
+
+# The faults a network brings (tests/twohost/faults.sh): loss, delay, reordering, duplication,
+# the link down, a host that loses power, connects that cannot succeed, and a soak.
+foreach(case loss1 loss5 delay reorder duplicate link_down_survives link_down_fails host_killed server_survives
+             connect_down_host connect_no_listener soak)
+  add_test(NAME twohost.fault.${case}
+           COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer>)
+endforeach()
 
 get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)
 list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
