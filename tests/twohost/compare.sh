@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# bench/compare across the wire, a short run: on host b (under scripts/rxe-pair), the clients
+# and the report against the servers of `bench/compare --serve` on host a, both with the same
+# options. Passes when the run completes and ends with a ratio line for every test.
+# Usage: compare.sh VERBS_PERF OUT_DIR COMPARE_OPTIONS...
+set -uo pipefail
+perf=$1 out=$2
+shift 2
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+timeout 1200 "$top/bench/compare" --connect "${VERBS_PEER_ADDR:?run under scripts/rxe-pair}" --perf "$perf" --out "$out" "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || { echo "FAIL: bench/compare --connect exited with $rc"; exit 1; }
+for t in write_lat write_bw read_lat read_bw send_lat send_bw write_rate_batched; do
+  grep -q "^ratio $t [0-9.]*$" "$log" || { echo "FAIL: no 'ratio $t' line"; exit 1; }
+done
+grep -q '"two_hosts": true' "$out/compare.json" || { echo "FAIL: compare.json does not say two hosts"; exit 1; }
+echo "compare across the wire: passed"
