@@ -3,7 +3,8 @@
 #   host_no_device  without a device: exit 2 and advice that names `rdma link add`
 #   host_json       --json is valid JSON (devices, checks, healthy), also without a device
 #   host_defaults   the defaults line (text and --json, with or without a device) gives the
-#                   failure bound of TransportOptions{}, recomputed here from the specification
+#                   failure bound of TransportOptions{}, recomputed here from the specification,
+#                   and README.md's "Defaults that never hang" gives the same figures
 #   healthy         --check on the test device: exit 0, "healthy"; the text report is complete
 #   json            --json on the test device: the port, the chosen GID, the probed inline size
 #   netdev_down, mtu_small, no_ipv4_gid
@@ -38,7 +39,7 @@ has_device() { [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; }
 check_json() {
   command -v "$python" >/dev/null || skip "no python3 to parse JSON"
   "$python" -c '
-import json, sys
+import json, re, sys
 d = json.load(sys.stdin)
 assert isinstance(d["devices"], list) and isinstance(d["checks"], list) and isinstance(d["healthy"], bool), "top-level keys"
 for c in d["checks"]:
@@ -132,7 +133,11 @@ for part in ("within %s of a peer that stops answering" % text(want["transport"]
              "within %s of a receiver that posts nothing" % text(want["rnr"]),
              "%s if it meets both" % text(want["total"]), "verbs::failure_bound"):
     assert part in line, (part, line)
-assert line == sys.argv[1], ("text and --json differ", line, sys.argv[1])' "$text" <<<"$json"
+assert line == sys.argv[1], ("text and --json differ", line, sys.argv[1])
+readme = " ".join(open(sys.argv[2]).read().split())
+para = re.search(r"\*\*Defaults that never hang\.\*\*(.*?)( - \*\*| #|$)", readme).group(1)  # to the next item or heading
+for figure in (text(want["transport"]), text(want["rnr"]), text(want["total"])):
+    assert figure in para, ("README.md does not give", figure, para)' "$text" "$(dirname "$0")/../../README.md" <<<"$json"
     ;;
   healthy)
     need_device
