@@ -142,8 +142,8 @@ struct TransportOptions {
 /// Counted from the last progress, since each acknowledgement resets both retry counters. The
 /// figures are the specification's; round trips come on top, and software timers fire late:
 /// rxe's by up to an eighth of each wait (kernel timer wheel), and never sooner than a jiffy
-/// (1-10 ms). Wait for `total`, which leaves room for that (the defaults' 6 RNR waits took
-/// 3.06 s on rxe, where `rnr` says 2.95 s).
+/// (1-10 ms), so allow some slack. The defaults' 6 RNR waits took 3.06 s on rxe, where `rnr`
+/// says 2.95 s and `total` 4.829 s.
 struct FailureBound {
   /// A peer that stops answering: retry_count + 1 local ACK timeouts, each at most 4 Tr (the
   /// specification lets the timer fire between Tr and 4 Tr), then RETRY_EXC_ERR. Empty for
