@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -28,10 +29,11 @@ constexpr const char* usage_text =
     "Usage: verbs-info [--json] [--check] [-d DEVICE]\n"
     "\n"
     "Lists the RDMA devices, their ports (state, MTU, link layer, speed, netdev), GID tables,\n"
-    "the GID the verbs library would choose and why, and the device limits.\n"
+    "the GID the verbs library would choose and why, and the device limits; then how long a\n"
+    "request can take to fail with the library's default TransportOptions (verbs::failure_bound).\n"
     "\n"
     "  --check        diagnose the setup instead: each problem with what to do about it\n"
-    "  --json         the same as JSON on stdout (devices, checks, healthy)\n"
+    "  --json         the same as JSON on stdout (devices, checks, healthy, defaults)\n"
     "  -d DEVICE      only this device\n"
     "  -h, --help     this text\n"
     "\n"
@@ -428,6 +430,37 @@ std::vector<Finding> diagnose(const std::vector<DeviceReport>& devices) {
   return out;
 }
 
+// ---- the library's defaults -------------------------------------------------------------------------
+
+// "1.88 s" or "17 ms": exact milliseconds, without trailing zeros; "never" when empty.
+std::string duration_text(std::optional<std::chrono::milliseconds> d) {
+  if (!d) return "never";
+  const long long ms = d->count();
+  if (ms < 1000) return std::to_string(ms) + " ms";
+  std::string frac = std::to_string(1000 + ms % 1000).substr(1);
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  return std::to_string(ms / 1000) + (frac.empty() ? "" : "." + frac) + " s";
+}
+
+// How long a request can take to fail with TransportOptions{} towards a peer with the same options:
+// the figures users and tests are told to wait for (README, "Defaults that never hang").
+std::string defaults_text() {
+  const verbs::TransportOptions o{};
+  const verbs::FailureBound b = verbs::failure_bound(o);
+  const auto ack = verbs::ack_timeout_duration(o.ack_timeout);
+  const double ack_ms = ack ? std::chrono::duration<double, std::milli>(*ack).count() : 0.0;
+  const double rnr_ms = std::chrono::duration<double, std::milli>(verbs::rnr_timer_duration(o.min_rnr_timer)).count();
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "defaults: a request fails within %s of a peer that stops answering (%d tries of at most 4 x %.1f ms: "
+                "ack_timeout %u, retry_count %u) and within %s of a receiver that posts nothing (%u RNR retries x "
+                "%.2f ms: rnr_retry_count %u, min_rnr_timer %u), %s if it meets both (verbs::failure_bound)",
+                duration_text(b.transport).c_str(), o.retry_count + 1, ack_ms, unsigned(o.ack_timeout),
+                unsigned(o.retry_count), duration_text(b.rnr).c_str(), unsigned(o.rnr_retry_count), rnr_ms,
+                unsigned(o.rnr_retry_count), unsigned(o.min_rnr_timer), duration_text(b.total).c_str());
+  return line;
+}
+
 // ---- output ---------------------------------------------------------------------------------------
 
 void print_text(const std::vector<DeviceReport>& devices) {
@@ -472,6 +505,7 @@ void print_text(const std::vector<DeviceReport>& devices) {
     std::printf("    %-20s %s\n", "on-demand paging", odp_text(d.attr).c_str());
     std::printf("    %-20s %s\n\n", "memory windows", memory_windows_text(d.attr).c_str());
   }
+  std::printf("%s\n", defaults_text().c_str());
 }
 
 int print_check(const std::vector<Finding>& findings) {
@@ -595,7 +629,24 @@ std::string print_json(const std::vector<DeviceReport>& devices, const std::vect
     if (!f.ok) j.field("fix", f.fix);
     j.close('}');
   }
-  j.close(']').field("healthy", healthy).close('}');
+  j.close(']').field("healthy", healthy);
+  const verbs::TransportOptions o{};
+  const verbs::FailureBound b = verbs::failure_bound(o);
+  const auto ms = [&j](std::string_view k, std::optional<std::chrono::milliseconds> d) {
+    j.key(k);
+    if (d) j.raw(std::to_string(d->count())); else j.raw("null");
+  };
+  j.key("defaults").open('{').key("transport_options").open('{');
+  j.field("ack_timeout", o.ack_timeout).field("retry_count", o.retry_count);
+  j.field("rnr_retry_count", o.rnr_retry_count).field("min_rnr_timer", o.min_rnr_timer).close('}');
+  j.key("ack_timeout_ns");
+  if (const auto ack = verbs::ack_timeout_duration(o.ack_timeout)) j.raw(std::to_string(ack->count())); else j.raw("null");
+  j.field("rnr_timer_us", verbs::rnr_timer_duration(o.min_rnr_timer).count());
+  j.key("failure_bound_ms").open('{');
+  ms("transport", b.transport);
+  ms("rnr", b.rnr);
+  ms("total", b.total);
+  j.close('}').field("text", defaults_text()).close('}').close('}');
   return j.str();
 }
 
@@ -622,6 +673,7 @@ int main(int argc, char** argv) try {
     const Finding f = no_device_finding(only, present);
     std::fprintf(stderr, "verbs-info: %s.\nTo fix: %s\n", f.message.c_str(), f.fix.c_str());
     if (json) std::printf("%s\n", print_json({}, {f}).c_str());
+    else if (!check) std::printf("%s\n", defaults_text().c_str());  // they need no device
     return exit_no_device;
   }
   const std::vector<Finding> findings = diagnose(devices);

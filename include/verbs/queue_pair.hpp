@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -86,11 +87,12 @@ struct Endpoint {
 /// takes the default given; through rdma_cm (cm::ConnectionOptions::transport), what rdma_cm
 /// negotiated or resolved for the connection instead.
 ///
-/// Budgets of the defaults (4.096 us x 2^ack_timeout per try; the RNR timer is the responder's):
-/// - a peer that stops answering: 7 tries of 67 ms, so a request fails with RETRY_EXC_ERR
-///   after about 0.5 s (more on a lossy link, where each loss costs one try);
+/// Budgets of the defaults, as failure_bound() computes them (the RNR timer is the responder's):
+/// - a peer that stops answering: 7 tries of at most 4 x 67 ms (the specification lets the
+///   ACK timer fire between 1 and 4 times 4.096 us x 2^ack_timeout), so a request fails with
+///   RETRY_EXC_ERR within 1.88 s (rxe waits one 67 ms period a try: about 0.5 s there);
 /// - a receiver without a posted receive (RNR): 6 retries 491.52 ms apart, so the receiver has
-///   about 2.9 s to post one before the send fails with RNR_RETRY_EXC_ERR. A send that meets
+///   2.95 s to post one before the send fails with RNR_RETRY_EXC_ERR. A send that meets
 ///   RNR waits at least 491.52 ms, so post receives ahead; lower min_rnr_timer (e.g. 12,
 ///   0.64 ms) to retry sooner with a correspondingly shorter budget.
 struct TransportOptions {
@@ -109,6 +111,87 @@ struct TransportOptions {
   std::optional<std::uint8_t> traffic_class = std::nullopt;  ///< GRH traffic class (DSCP and ECN on RoCE v2); default 0 (cm: the route's)
   std::optional<std::uint8_t> hop_limit = std::nullopt;      ///< GRH hop limit (IP TTL on RoCE v2); default 64 (cm: the route's)
 };
+
+/// The local ACK timeout period Tr that an ack_timeout code stands for: 4.096 us x 2^code, so
+/// 14 is 67.108864 ms. Empty for 0, which disables the timer (a request to a silent peer then
+/// waits forever). Throws Error(Errc::bad_argument) over 31.
+[[nodiscard]] constexpr std::optional<std::chrono::nanoseconds> ack_timeout_duration(
+    std::uint8_t ack_timeout, SourceLocation where = SourceLocation::current()) {
+  if (ack_timeout > 31)
+    detail::throw_error(make_error_code(Errc::bad_argument), "ack_timeout_duration: ack_timeout is 0..31", where);
+  if (ack_timeout == 0) return std::nullopt;
+  return std::chrono::nanoseconds(std::int64_t{4096} << ack_timeout);
+}
+
+/// The RNR NAK timer value that a min_rnr_timer code stands for, from the InfiniBand
+/// specification's table: 0 = 655.36 ms, 1 = 0.01 ms, 2 = 0.02 ms, ... 12 = 0.64 ms, ...
+/// 31 = 491.52 ms. Throws Error(Errc::bad_argument) over 31.
+[[nodiscard]] constexpr std::chrono::microseconds rnr_timer_duration(std::uint8_t min_rnr_timer,
+                                                                    SourceLocation where = SourceLocation::current()) {
+  // In units of 10 us, as the specification lists them (in ms, to two decimals).
+  constexpr std::array<std::uint32_t, 32> table{65536, 1,   2,    3,    4,    6,    8,    12,   16,   24,   32,
+                                                48,    64,  96,   128,  192,  256,  384,  512,  768,  1024, 1536,
+                                                2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+  if (min_rnr_timer > 31)
+    detail::throw_error(make_error_code(Errc::bad_argument), "rnr_timer_duration: min_rnr_timer is 0..31", where);
+  return std::chrono::microseconds(std::int64_t{10} * table[min_rnr_timer]);
+}
+
+/// How long a request on an RC QP can take at most before its completion fails (failure_bound()),
+/// each figure rounded up to a whole millisecond. Empty means never: the QP retries forever.
+/// Counted from the last progress, since each acknowledgement resets both retry counters. The
+/// figures are the specification's; round trips come on top, and software timers fire late:
+/// rxe's by up to an eighth of each wait (kernel timer wheel), and never sooner than a jiffy
+/// (1-10 ms), so allow some slack. The defaults' 6 RNR waits took 3.06 s on rxe, where `rnr`
+/// says 2.95 s and `total` 4.829 s.
+struct FailureBound {
+  /// A peer that stops answering: retry_count + 1 local ACK timeouts, each at most 4 Tr (the
+  /// specification lets the timer fire between Tr and 4 Tr), then RETRY_EXC_ERR. Empty for
+  /// ack_timeout 0 (no timer) and retry_count 7 (rxe retries forever then; in the
+  /// specification only an rnr_retry_count of 7 is infinite).
+  std::optional<std::chrono::milliseconds> transport;
+  /// A receiver that posts no receive: rnr_retry_count waits of the peer's RNR NAK timer, then
+  /// RNR_RETRY_EXC_ERR. Empty for rnr_retry_count 7 (infinite). On rxe, an RNR wait longer than
+  /// the ACK timeout also uses up a transport retry, so the request can fail sooner there,
+  /// with RETRY_EXC_ERR.
+  std::optional<std::chrono::milliseconds> rnr;
+  /// What to wait at most for any request: one may meet both, so the sum; empty if either is.
+  std::optional<std::chrono::milliseconds> total;
+  /// Equal when every figure is.
+  friend bool operator==(const FailureBound&, const FailureBound&) = default;
+};
+
+///@{
+/// The longest a request can take to fail with these TransportOptions (ack_timeout,
+/// retry_count, rnr_retry_count) towards a peer whose min_rnr_timer is `peer_min_rnr_timer`:
+/// the RNR timer that delays a request is the responder's. Without it, the peer uses the same
+/// options (options.min_rnr_timer). Throws Error(Errc::bad_argument) for options out of range
+/// (retries over 7, ack_timeout or min_rnr_timer over 31) and a peer_min_rnr_timer over 31.
+[[nodiscard]] constexpr FailureBound failure_bound(const TransportOptions& options, std::uint8_t peer_min_rnr_timer,
+                                                   SourceLocation where = SourceLocation::current()) {
+  using std::chrono::ceil;
+  using std::chrono::milliseconds;
+  using std::chrono::nanoseconds;
+  if (options.retry_count > 7 || options.rnr_retry_count > 7 || options.ack_timeout > 31 || options.min_rnr_timer > 31 ||
+      peer_min_rnr_timer > 31)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "failure_bound: retry_count and rnr_retry_count are 0..7, ack_timeout and min_rnr_timer 0..31",
+                        where);
+  FailureBound b;
+  std::optional<nanoseconds> transport, rnr;
+  if (const auto tr = ack_timeout_duration(options.ack_timeout, where); tr && options.retry_count != 7)
+    transport = *tr * 4 * (options.retry_count + 1);
+  if (options.rnr_retry_count != 7) rnr = rnr_timer_duration(peer_min_rnr_timer, where) * options.rnr_retry_count;
+  if (transport) b.transport = ceil<milliseconds>(*transport);
+  if (rnr) b.rnr = ceil<milliseconds>(*rnr);
+  if (transport && rnr) b.total = ceil<milliseconds>(*transport + *rnr);
+  return b;
+}
+[[nodiscard]] constexpr FailureBound failure_bound(const TransportOptions& options,
+                                                   SourceLocation where = SourceLocation::current()) {
+  return failure_bound(options, options.min_rnr_timer, where);
+}
+///@}
 
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
 ///

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -154,15 +155,64 @@ TEST_F(QueuePair, ASendSurvivesAReceiverTwoSecondsLateWithTheDefaultRnrBudget) {
 }
 
 TEST_F(QueuePair, TheDefaultRnrBudgetStillEnds) {
+  const verbs::FailureBound bound = verbs::failure_bound(default_rnr());
+  ASSERT_TRUE(bound.rnr && bound.total);
   QpPair p(*dev, *pd, rc(), default_rnr());
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(posted(p.a.post_send(src->slice(0, 100), {.wr_id = 1})));
-  const verbs::Completion c = expect_completion(p.cq_a, 30s);
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  const verbs::Completion c = expect_completion(p.cq_a, *bound.total + 10s);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   EXPECT_EQ(c.status(), verbs::WcStatus::rnr_retry_exc_err) << describe(c);
-  EXPECT_GT(took.count(), 2.0) << "the budget is 6 x 491.52 ms";
-  EXPECT_LT(took.count(), 15.0) << "the budget is 6 x 491.52 ms, not forever";
-  std::printf("no receive ever: RNR_RETRY_EXC_ERR after %.2f s (budget: 6 retries x 491.52 ms)\n", took.count());
+  // Each RNR wait lasts at least the timer, so all 6 at least bound.rnr (less its rounding up);
+  // rxe's timers fire a little late (3.06 s here), which the total leaves room for.
+  EXPECT_GE(took, *bound.rnr - 1ms) << "6 x 491.52 ms";
+  EXPECT_LE(took, *bound.total) << "failure_bound's figure";
+  std::printf("no receive ever: RNR_RETRY_EXC_ERR after %lld ms (failure_bound: rnr %lld ms, total %lld ms)\n",
+              static_cast<long long>(took.count()), static_cast<long long>(bound.rnr->count()),
+              static_cast<long long>(bound.total->count()));
+}
+
+// A peer whose QP went back to RESET drops every packet without a word: only the ACK timeout
+// and retry_count end the request.
+TEST_F(QueuePair, ARequestToAPeerThatStopsAnsweringFailsWithinFailureBound) {
+  const verbs::TransportOptions o = QpPair::fast();
+  const verbs::FailureBound bound = verbs::failure_bound(o);
+  ASSERT_TRUE(bound.transport && bound.total);
+  QpPair p(*dev, *pd, rc(), o);
+  p.b.reset();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), dst->remote().slice(0, 64), {.wr_id = 3})));
+  const verbs::Completion c = expect_completion(p.cq_a, *bound.total + 10s);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  EXPECT_EQ(c.status(), verbs::WcStatus::retry_exc_err) << describe(c);
+  EXPECT_LE(took, *bound.transport) << "failure_bound's figure";
+  // At least retry_count + 1 timeouts of Tr (a quarter of the bound), within a timer tick each.
+  EXPECT_GE(took, *bound.transport / 4 - (o.retry_count + 1) * 10ms);
+  std::printf("silent peer: RETRY_EXC_ERR after %lld ms (failure_bound: transport %lld ms)\n",
+              static_cast<long long>(took.count()), static_cast<long long>(bound.transport->count()));
+}
+
+// Both kinds of retry in one request: a receiver that posts nothing, with fewer transport
+// retries than RNR retries and an ACK timeout shorter than the RNR wait. By the specification
+// the RNR retries run out (RNR_RETRY_EXC_ERR); rxe counts each RNR wait that outlasts the ACK
+// timer as a transport retry too and gives up sooner (RETRY_EXC_ERR). Either way within the total.
+TEST_F(QueuePair, ASendThatMeetsRnrFailsWithinTheTotalBoundWhicheverRetriesRunOutFirst) {
+  verbs::TransportOptions o = QpPair::fast();
+  o.retry_count = 1;
+  o.rnr_retry_count = 6;  // and min_rnr_timer 31, 491.52 ms
+  const verbs::FailureBound bound = verbs::failure_bound(o);
+  ASSERT_TRUE(bound.total);
+  QpPair p(*dev, *pd, rc(), o);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(posted(p.a.post_send(src->slice(0, 100), {.wr_id = 4})));
+  const verbs::Completion c = expect_completion(p.cq_a, *bound.total + 10s);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  EXPECT_TRUE(c.status() == verbs::WcStatus::rnr_retry_exc_err || c.status() == verbs::WcStatus::retry_exc_err)
+      << describe(c);
+  EXPECT_LE(took, *bound.total) << "failure_bound's figure";
+  std::printf("RNR with retry_count 1, rnr_retry_count 6: %s after %lld ms (failure_bound: rnr %lld ms, total %lld ms)\n",
+              describe(c).c_str(), static_cast<long long>(took.count()), static_cast<long long>(bound.rnr->count()),
+              static_cast<long long>(bound.total->count()));
 }
 
 TEST_F(QueuePair, SendWithImmediateCarriesTheImmediate) {

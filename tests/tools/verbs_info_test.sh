@@ -2,6 +2,9 @@
 # Tests of verbs-info. Usage: verbs_info_test.sh CASE VERBS_INFO   (exit 77: skipped)
 #   host_no_device  without a device: exit 2 and advice that names `rdma link add`
 #   host_json       --json is valid JSON (devices, checks, healthy), also without a device
+#   host_defaults   the defaults line (text and --json, with or without a device) gives the
+#                   failure bound of TransportOptions{}, recomputed here from the specification,
+#                   and README.md's "Defaults that never hang" gives the same figures
 #   healthy         --check on the test device: exit 0, "healthy"; the text report is complete
 #   json            --json on the test device: the port, the chosen GID, the probed inline size
 #   netdev_down, mtu_small, no_ipv4_gid
@@ -31,18 +34,19 @@ expect() { grep -qF -- "$1" <<<"$out" || fail "the output lacks: $1"; }
 
 has_device() { [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; }
 
-# Checks a JSON document on stdin with python: valid, and the assertions in $1 hold (variable d).
+# Checks a JSON document on stdin with python: valid, and the assertions in $1 hold (variable d;
+# further arguments are sys.argv[1:]).
 check_json() {
   command -v "$python" >/dev/null || skip "no python3 to parse JSON"
   "$python" -c '
-import json, sys
+import json, re, sys
 d = json.load(sys.stdin)
 assert isinstance(d["devices"], list) and isinstance(d["checks"], list) and isinstance(d["healthy"], bool), "top-level keys"
 for c in d["checks"]:
     assert set(c) >= {"id", "ok", "subject", "message"} and (c["ok"] or c["fix"]), c
 '"$1"'
 print("JSON ok:", len(d["devices"]), "device(s),", len(d["checks"]), "check(s), healthy:", d["healthy"])
-' || fail "the JSON is not what was expected"
+' "${@:2}" || fail "the JSON is not what was expected"
 }
 
 device=${VERBS_TEST_DEVICE:-}
@@ -101,6 +105,40 @@ case $case_ in
 assert "rdma link add" in d["checks"][0]["fix"]' <<<"$json"
     fi
     ;;
+  host_defaults)
+    # Without a device the listing is only the defaults line (and exit 2); with one, it ends with it.
+    text=$("$info" 2>/dev/null | grep '^defaults: ')
+    printf '$ verbs-info | grep defaults:\n%s\n' "$text"
+    [ -n "$text" ] || fail "verbs-info printed no defaults line"
+    json=$("$info" --json 2>/dev/null)
+    check_json '
+x = d["defaults"]
+o = x["transport_options"]
+def rnr_us(c):  # the specification table: 655.36 ms, 0.01 ms, then 2 and 3 times 2^k x 10 us by turns
+    return 655360 if c == 0 else 10 if c == 1 else 10 * (2 if c % 2 == 0 else 3) * 2 ** ((c - 2) // 2)
+tr_ns = 4096 * 2 ** o["ack_timeout"] if o["ack_timeout"] else None
+assert x["ack_timeout_ns"] == tr_ns and x["rnr_timer_us"] == rnr_us(o["min_rnr_timer"]), x
+up = lambda ns: -(-ns // 1000000)
+t_ns = 4 * tr_ns * (o["retry_count"] + 1) if tr_ns and o["retry_count"] != 7 else None
+r_ns = rnr_us(o["min_rnr_timer"]) * 1000 * o["rnr_retry_count"] if o["rnr_retry_count"] != 7 else None
+want = {"transport": t_ns and up(t_ns), "rnr": None if r_ns is None else up(r_ns),
+        "total": None if t_ns is None or r_ns is None else up(t_ns + r_ns)}
+assert x["failure_bound_ms"] == want, (x["failure_bound_ms"], want)
+def text(ms):
+    if ms is None: return "never"
+    if ms < 1000: return "%d ms" % ms
+    return ("%d.%03d" % (ms // 1000, ms % 1000)).rstrip("0").rstrip(".") + " s"
+line = x["text"]
+for part in ("within %s of a peer that stops answering" % text(want["transport"]),
+             "within %s of a receiver that posts nothing" % text(want["rnr"]),
+             "%s if it meets both" % text(want["total"]), "verbs::failure_bound"):
+    assert part in line, (part, line)
+assert line == sys.argv[1], ("text and --json differ", line, sys.argv[1])
+readme = " ".join(open(sys.argv[2]).read().split())
+para = re.search(r"\*\*Defaults that never hang\.\*\*(.*?)( - \*\*| #|$)", readme).group(1)  # to the next item or heading
+for figure in (text(want["transport"]), text(want["rnr"]), text(want["total"])):
+    assert figure in para, ("README.md does not give", figure, para)' "$text" "$(dirname "$0")/../../README.md" <<<"$json"
+    ;;
   healthy)
     need_device
     run --check -d "$device"
@@ -111,7 +149,8 @@ assert "rdma link add" in d["checks"][0]["fix"]' <<<"$json"
     run -d "$device"
     expect_rc 0
     for s in "port 1: ACTIVE" "MTU active" "link layer" "speed" "GID table" "verbs chooses GID" "max_qp_wr" \
-      "max_sge" "max_cqe" "max_mr_size" "max_inline_data" "probed" "atomics" "on-demand paging" "memory windows"; do
+      "max_sge" "max_cqe" "max_mr_size" "max_inline_data" "probed" "atomics" "on-demand paging" "memory windows" \
+      "defaults: a request fails within"; do
       expect "$s"
     done
     ;;
