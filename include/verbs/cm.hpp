@@ -175,7 +175,9 @@ struct ListenOptions {
 ///   event) goes to one of them, and the other may sleep until its timeout: keep one waiter
 ///   per CQ.
 /// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
-/// - exchange() posts and polls on its own: not while another thread uses the connection.
+/// - exchange() posts and polls on its own: not while another thread uses the connection, nor
+///   while one waits on (or polls) its CQs through another connection that shares them. The
+///   exchange() calls of connections that share CQs may run at once, one thread each.
 /// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
 ///   what is fixed at establishment: safe from any thread.
 /// - Moving, assigning and destroying the Connection: not while any other call runs.
@@ -217,10 +219,18 @@ class Connection {
   /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
   /// exchange_wr_id). Both sides call it before posting receives of their own, and before
   /// sending anything the peer would receive: the peer's message goes into the first receive
-  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. Completions
-  /// of other requests that it polls meanwhile (a shared CQ, a write posted before) are not
-  /// lost: the next wait() on that CQ returns them first. For a buffer known before
-  /// connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. For a buffer
+  /// known before connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  ///
+  /// It polls both of the connection's CQs. Completions of other requests that it polls
+  /// meanwhile (a write posted before; on a CQ shared with other connections through
+  /// ConnectionOptions::send_cq or recv_cq, theirs) are not lost: they are held for that CQ,
+  /// and the next wait() or spin() on it, through any connection that uses it, returns them
+  /// first, as though they were still in the CQ; a thread asleep in wait() on it is woken.
+  /// They are kept as long as a connection uses the CQ. The requests of another connection's
+  /// exchange() (wr_id exchange_wr_id, another qp_num) are kept for that exchange(), never
+  /// returned by wait(): connections sharing CQs may exchange at once (see Threads above).
+  ///
   /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
   /// before took the peer's message (its completion stays for wait()); Error with the
   /// completion's status when a request failed, Error(Errc::bad_encoding) on a malformed
@@ -237,8 +247,8 @@ class Connection {
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout. Completions exchange() polled that were not its own come
-  /// first, then those in the CQ; once the CQ
+  /// was polled, empty on timeout. Completions held for `cq` come first (those an exchange() of
+  /// any connection on `cq` polled that were not its own), then those in the CQ; once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
   /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
   /// disconnect(). Never blocks past `timeout`.
@@ -308,7 +318,7 @@ class Connection {
   friend class Listener;
   friend Connection connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
-  /// wait() without the completions exchange() held back.
+  /// wait() and spin(): the completions held for `cq` (see exchange()), then the CQ's.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                                 std::error_code& ec, bool busy = false) noexcept;
   /// The throwing form of wait() and spin().

@@ -899,6 +899,50 @@ TEST_F(Cm, ExchangeThatTimesOutKeepsItsReceiveBufferValid) {
   EXPECT_TRUE(sent->ok()) << "the late message met a deregistered region: " << describe(*sent);
 }
 
+// Connections may share CQs (ConnectionOptions::send_cq, recv_cq). A completion of one of them
+// that another's exchange() polls is held for the CQ, not for the connection that polled it:
+// the owner's wait() on that CQ still returns it. Here b's write has completed and sits in the
+// shared send CQ when a's exchange() polls it.
+TEST_F(Cm, ExchangeLeavesAnotherConnectionsCompletionOnASharedCqForItsWait) {
+  cm::Listener listener(test_addr(), 0);
+  CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+  CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+  ProtectionDomain pd(*device);
+  auto target = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_write);
+  auto server = std::async(std::launch::async, [&] {
+    cm::Connection x = listener.accept(10s);
+    cm::Connection y = listener.accept(10s, {.qp = {.access = Access::remote_write}, .pd = &pd, .expose = target.remote()});
+    return std::pair(std::move(x), std::move(y));
+  });
+  const cm::ClientOptions shared{.connection = {.send_cq = &scq, .recv_cq = &rcq}};
+  cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+  cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+  auto peers = server.get();
+  cm::Connection& for_a = peers.first;
+  ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+  ASSERT_EQ(peers.second.peer_address(), b.local_address());
+
+  auto src = MemoryRegion::allocate(b.pd(), 64);
+  fill_pattern(src.bytes(), 4);
+  ASSERT_TRUE(b.qp().post_write(src.slice(0, 64), b.remote(), {.wr_id = 42}).ok());
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (std::memcmp(target.data(), src.data(), 64) != 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(same_bytes(target.bytes(), src.bytes())) << "b's write did not land within 10 s";
+  std::this_thread::sleep_for(100ms);  // its completion follows the ACK: now in the shared send CQ
+
+  auto mine = MemoryRegion::allocate(a.pd(), 64, Access::local_write | Access::remote_write);
+  auto theirs = MemoryRegion::allocate(for_a.pd(), 64, Access::local_write | Access::remote_write);
+  auto for_server = std::async(std::launch::async, [&] { return for_a.exchange(theirs.remote(), 10s); });
+  EXPECT_EQ(a.exchange(mine.remote(), 10s), theirs.remote());
+  EXPECT_EQ(for_server.get(), mine.remote());
+  const auto wc = b.wait_one(scq, 2s);
+  ASSERT_TRUE(wc.has_value()) << "a's exchange() took b's write completion from the shared CQ";
+  EXPECT_TRUE(completed(*wc, WcOpcode::rdma_write, 42));
+  const auto left = a.wait_one(scq, 200ms);
+  EXPECT_FALSE(left.has_value()) << "a completion left behind: " << describe(*left);
+}
+
 // The PD and CQs a connection shares are held by it, as every object holds what it was made
 // from: the caller may move or destroy its own objects.
 TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
@@ -1166,6 +1210,54 @@ TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect)
     EXPECT_EQ(s.ec, std::errc::connection_reset) << s.ec.message();
     EXPECT_LT(r.at - closed, 3s) << "the receiving thread noticed the disconnect late";
     EXPECT_LT(s.at - closed, 3s) << "the sending thread noticed the disconnect late";
+  }
+}
+
+// Two connections whose CQs are shared (ConnectionOptions::send_cq and recv_cq) exchange at
+// once from two threads: each exchange() polls the other's completions off the shared CQs (its
+// send, its receive of the peer's message), which must reach the other's exchange(), and wake
+// it when it sleeps on the CQ. A few rounds, as which thread polls first varies.
+TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    cm::Listener listener(test_addr(), 0);
+    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection x = listener.accept(10s);
+      cm::Connection y = listener.accept(10s);
+      return std::pair(std::move(x), std::move(y));
+    });
+    const cm::ClientOptions shared{.connection = {.send_cq = &scq, .recv_cq = &rcq}};
+    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+    auto peers = server.get();
+    cm::Connection& for_a = peers.first;
+    cm::Connection& for_b = peers.second;
+    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+    ASSERT_EQ(for_b.peer_address(), b.local_address());
+    constexpr auto rw = Access::local_write | Access::remote_write;
+    auto ma = MemoryRegion::allocate(a.pd(), 64, rw), mb = MemoryRegion::allocate(b.pd(), 128, rw);
+    auto sa = MemoryRegion::allocate(for_a.pd(), 256, rw), sb = MemoryRegion::allocate(for_b.pd(), 512, rw);
+    // Each returns the slice, or what went wrong.
+    using Result = std::pair<std::optional<RemoteSlice>, std::string>;
+    const auto exchange = [](cm::Connection& c, const RemoteSlice& s) {
+      return std::async(std::launch::async, [&c, s]() -> Result {
+        try {
+          return {c.exchange(s, 10s), {}};
+        } catch (const std::exception& e) {
+          return {std::nullopt, e.what()};
+        }
+      });
+    };
+    auto on_a = exchange(a, ma.remote()), on_b = exchange(b, mb.remote());
+    auto on_sa = exchange(for_a, sa.remote()), on_sb = exchange(for_b, sb.remote());
+    const Result ra = on_a.get(), rb = on_b.get(), rsa = on_sa.get(), rsb = on_sb.get();
+    EXPECT_EQ(ra.first, std::optional(sa.remote())) << "a: " << ra.second;
+    EXPECT_EQ(rb.first, std::optional(sb.remote())) << "b: " << rb.second;
+    EXPECT_EQ(rsa.first, std::optional(ma.remote())) << "a's peer: " << rsa.second;
+    EXPECT_EQ(rsb.first, std::optional(mb.remote())) << "b's peer: " << rsb.second;
+    if (HasFailure()) return;
   }
 }
 
