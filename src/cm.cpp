@@ -637,6 +637,8 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
   CompletionQueue& scq = *c.send_cq;
   const bool one_cq = c.send_held.store == c.recv_held.store;
   bool received = false, sent = false;
+  int completed = 0;                      // of this QP's exchange requests, failed ones included
+  std::optional<Completion> flushed;      // the first of them that was flushed
   std::optional<std::uint64_t> taken;     // a receive of the caller's that took the peer's message
   const auto takes_message = [&](const Completion& wc) {
     return wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv;
@@ -699,24 +701,34 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     if (!one_cq) found += collect(scq, *c.send_held.store, arm);
     return found;
   };
+  // A failure other than a flush is the cause and is thrown at once. A flushed request (the QP
+  // went to ERR) waits for the other one, whose failure may say why (e.g. the send's RNR retries
+  // ran out because the peer never posted its receive): the flush is thrown only without one.
   const auto settle_ours = [&] {
     for (const Completion& wc : ours) {
-      wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
-      (wc.opcode() == WcOpcode::recv ? received : sent) = true;
+      ++completed;
+      if (wc.ok())
+        (wc.opcode() == WcOpcode::recv ? received : sent) = true;
+      else if (wc.status() != WcStatus::wr_flush_err)
+        wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
+      else if (!flushed)
+        flushed = wc;
     }
     ours.clear();
   };
   const auto timed_out = [&] {
+    if (flushed) flushed->throw_if_failed(where);
     fail(ETIMEDOUT, Phase::established,
          "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
   };
-  // Both CQs at once (they may be one).
+  // Both CQs at once (they may be one): either request may fail first.
   const bool busy = !rcq.has_channel() || !scq.has_channel();
   unsigned spins = 0;
   for (bool first = true;; first = false) {
     const std::size_t found = collect_all(false);
     settle_ours();
     if (received && sent) break;
+    if (flushed && completed >= 2) flushed->throw_if_failed(where);
     if (taken && !received)
       fail(EPROTO, Phase::established,
            "exchange: the peer's message went into a receive posted before exchange() (wr_id " +

@@ -233,7 +233,10 @@ class Connection {
   ///
   /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
   /// before took the peer's message (its completion stays for wait()); Error with the
-  /// completion's status when a request failed, Error(Errc::bad_encoding) on a malformed
+  /// completion's status when a request failed: when one was flushed (the QP went to ERR), the
+  /// other's failure, which says why (e.g. RNR_RETRY_EXC_ERR: the peer had no receive for our
+  /// message, as when it never calls exchange()), and the flush only when the other has none
+  /// (or has not completed by the deadline); Error(Errc::bad_encoding) on a malformed
   /// answer. After a failure the two sides are out of step: close the connection. A request of
   /// exchange() may then still be posted; its region stays registered until the connection
   /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.

@@ -943,6 +943,23 @@ TEST_F(Cm, ExchangeLeavesAnotherConnectionsCompletionOnASharedCqForItsWait) {
   EXPECT_FALSE(left.has_value()) << "a completion left behind: " << describe(*left);
 }
 
+// A peer that never calls exchange() has no receive for our message: our send meets RNR until
+// its retries run out (RNR_RETRY_EXC_ERR, after about 3 s with the default TransportOptions),
+// the QP goes to ERR, and then our receive flushes. exchange() must report the cause, not the
+// flush it caused.
+TEST_F(Cm, ExchangeWithAPeerThatNeverCallsItReportsTheRnrNotTheFlush) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();  // never calls exchange(), posts no receive
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = thrown_error([&] { (void)client.exchange(a.remote(), 20s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), make_error_code(WcStatus::rnr_retry_exc_err)) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s) << e->what();
+}
+
 // The PD and CQs a connection shares are held by it, as every object holds what it was made
 // from: the caller may move or destroy its own objects.
 TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
