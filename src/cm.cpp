@@ -721,6 +721,19 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     fail(ETIMEDOUT, Phase::established,
          "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
   };
+  // A CQ's event is for whoever sleeps on the CQ: another connection's exchange() asleep on a
+  // shared CQ may have armed it for a completion of its own, which raises no event now that this
+  // one is consumed (and this thread may leave before it comes). Wake every connection on the
+  // CQ, so that they poll and arm it again.
+  const auto consume = [&](CompletionQueue& cq, HeldCompletions& store) {
+    std::error_code ec;
+    const int events = cq.consume_events(ec);
+    if (ec) fail(ec.value(), Phase::established, "exchange: ibv_get_cq_event", where);
+    if (events > 0) {
+      const std::lock_guard lock(store.mutex);
+      store.wake();
+    }
+  };
   // Both CQs at once (they may be one): either request may fail first.
   const bool busy = !rcq.has_channel() || !scq.has_channel();
   unsigned spins = 0;
@@ -772,9 +785,8 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
       fail(errno, Phase::established, "exchange: poll", where);
     for (nfds_t i = held_at; i < held_at + (one_cq ? 1 : 2); ++i)
       if (fds[i].revents != 0) Impl::drain(fds[i].fd);
-    if (fds[0].revents != 0 && (rcq.consume_events(ec), ec)) fail(ec.value(), Phase::established, "exchange: ibv_get_cq_event", where);
-    if (!one_cq && fds[1].revents != 0 && (scq.consume_events(ec), ec))
-      fail(ec.value(), Phase::established, "exchange: ibv_get_cq_event", where);
+    if (fds[0].revents != 0) consume(rcq, *c.recv_held.store);
+    if (!one_cq && fds[1].revents != 0) consume(scq, *c.send_held.store);
   }
   done = true;
   return RemoteSlice::decode(mr.bytes().subspan(n, n), where);

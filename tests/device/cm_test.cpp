@@ -1233,19 +1233,24 @@ TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect)
 // Two connections whose CQs are shared (ConnectionOptions::send_cq and recv_cq) exchange at
 // once from two threads: each exchange() polls the other's completions off the shared CQs (its
 // send, its receive of the peer's message), which must reach the other's exchange(), and wake
-// it when it sleeps on the CQ. A few rounds, as which thread polls first varies.
+// it when it sleeps on the CQ. A thread asleep that is never woken would still find its
+// completions when its poll times out at the deadline: hence the limit on how long each takes.
+// The RNR timer is short (a send that finds the peer's exchange() receive not yet posted is
+// retried after 0.64 ms, not 491 ms) and rounds are many, as which thread polls first varies.
 TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
-  for (int round = 0; round < 4; ++round) {
+  using Clock = std::chrono::steady_clock;
+  const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
+  for (int round = 0; round < 40; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     cm::Listener listener(test_addr(), 0);
     CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
     CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
     auto server = std::async(std::launch::async, [&] {
-      cm::Connection x = listener.accept(10s);
-      cm::Connection y = listener.accept(10s);
+      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
+      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
       return std::pair(std::move(x), std::move(y));
     });
-    const cm::ClientOptions shared{.connection = {.send_cq = &scq, .recv_cq = &rcq}};
+    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
     cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
     cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
     auto peers = server.get();
@@ -1256,24 +1261,35 @@ TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
     constexpr auto rw = Access::local_write | Access::remote_write;
     auto ma = MemoryRegion::allocate(a.pd(), 64, rw), mb = MemoryRegion::allocate(b.pd(), 128, rw);
     auto sa = MemoryRegion::allocate(for_a.pd(), 256, rw), sb = MemoryRegion::allocate(for_b.pd(), 512, rw);
-    // Each returns the slice, or what went wrong.
-    using Result = std::pair<std::optional<RemoteSlice>, std::string>;
+    // The slice, or what went wrong; and how long it took.
+    struct Result {
+      std::optional<RemoteSlice> slice;
+      std::string error;
+      Clock::duration took{};
+    };
     const auto exchange = [](cm::Connection& c, const RemoteSlice& s) {
-      return std::async(std::launch::async, [&c, s]() -> Result {
+      return std::async(std::launch::async, [&c, s] {
+        Result r;
+        const auto t0 = Clock::now();
         try {
-          return {c.exchange(s, 10s), {}};
+          r.slice = c.exchange(s, 10s);
         } catch (const std::exception& e) {
-          return {std::nullopt, e.what()};
+          r.error = e.what();
         }
+        r.took = Clock::now() - t0;
+        return r;
       });
     };
     auto on_a = exchange(a, ma.remote()), on_b = exchange(b, mb.remote());
     auto on_sa = exchange(for_a, sa.remote()), on_sb = exchange(for_b, sb.remote());
     const Result ra = on_a.get(), rb = on_b.get(), rsa = on_sa.get(), rsb = on_sb.get();
-    EXPECT_EQ(ra.first, std::optional(sa.remote())) << "a: " << ra.second;
-    EXPECT_EQ(rb.first, std::optional(sb.remote())) << "b: " << rb.second;
-    EXPECT_EQ(rsa.first, std::optional(ma.remote())) << "a's peer: " << rsa.second;
-    EXPECT_EQ(rsb.first, std::optional(mb.remote())) << "b's peer: " << rsb.second;
+    EXPECT_EQ(ra.slice, std::optional(sa.remote())) << "a: " << ra.error;
+    EXPECT_EQ(rb.slice, std::optional(sb.remote())) << "b: " << rb.error;
+    EXPECT_EQ(rsa.slice, std::optional(ma.remote())) << "a's peer: " << rsa.error;
+    EXPECT_EQ(rsb.slice, std::optional(mb.remote())) << "b's peer: " << rsb.error;
+    const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    EXPECT_LT(ra.took, 3s) << "a's exchange() took " << ms(ra.took) << " ms: asleep while its completions were there?";
+    EXPECT_LT(rb.took, 3s) << "b's exchange() took " << ms(rb.took) << " ms: asleep while its completions were there?";
     if (HasFailure()) return;
   }
 }
