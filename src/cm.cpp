@@ -243,13 +243,16 @@ struct HeldCompletions {
 
   /// The CQ, kept: its address is the registry's key, and must not be reused while the store lives.
   const std::shared_ptr<ibv_cq> cq;
-  /// `held` is not empty: the one load of wait()'s fast path. Written under `mutex`.
-  std::atomic<bool> any{false};
+  /// What wait()'s fast path loads, once per poll: 0 when nothing is held and no exchange()
+  /// runs on the CQ. Bit 0: `held` is not empty (written under `mutex`); above it, how many
+  /// exchange()s run on the CQ (each adds `exchange_unit` while it runs).
+  std::atomic<unsigned> state{0};
+  static constexpr unsigned held_bit = 1, exchange_unit = 2;
   std::mutex mutex;
   /// For any connection's wait() or spin() on the CQ, in the order they were polled.
   std::deque<Completion> held;
-  /// Requests of exchange() (wr_id exchange_wr_id) another connection's exchange() polled: for
-  /// the exchange() of the QP they belong to (qp_num), never for wait().
+  /// Requests of exchange() (wr_id exchange_wr_id) polled by anyone but the exchange() of their
+  /// QP: for the exchange() of the QP they belong to (qp_num), never for wait().
   std::vector<Completion> reserved;
   /// An eventfd of each connection on the CQ, written whenever something is kept: a thread asleep
   /// in wait() or exchange() on the CQ polls its connection's, and drains it before looking here.
@@ -260,14 +263,50 @@ struct HeldCompletions {
     const std::uint64_t one = 1;
     for (const int fd : wakers) (void)!::write(fd, &one, sizeof one);
   }
+  /// After `held` changed, under `mutex`.
+  void update_held_bit() noexcept {
+    if (held.empty())
+      state.fetch_and(~held_bit, std::memory_order_release);
+    else
+      state.fetch_or(held_bit, std::memory_order_release);
+  }
+  [[nodiscard]] bool exchanging() const noexcept { return state.load(std::memory_order_acquire) >= exchange_unit; }
 
-  /// Moves held completions into `out` (a wait() on the CQ); what was moved.
-  std::span<Completion> take(std::span<Completion> out) noexcept {
+  /// wait()'s poll when `state` is not 0: what is held first; else the CQ (armed first when
+  /// `arm`, as CompletionQueue::arm_and_poll), keeping from the caller, while an exchange() runs
+  /// on the CQ, the requests of exchange() (wr_id exchange_wr_id): they are reserved for the
+  /// exchange() of their QP, which is woken.
+  std::span<Completion> poll(CompletionQueue& q, std::span<Completion> out, std::error_code& ec, bool arm) noexcept {
     const std::lock_guard lock(mutex);
-    const std::size_t n = std::min(out.size(), held.size());
-    std::copy_n(held.begin(), n, out.begin());
-    held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n));
-    any.store(!held.empty(), std::memory_order_release);
+    ec.clear();
+    if (!held.empty()) {
+      const std::size_t n = std::min(out.size(), held.size());
+      std::copy_n(held.begin(), n, out.begin());
+      held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n));
+      update_held_bit();
+      return out.first(n);
+    }
+    if (state.load(std::memory_order_relaxed) < exchange_unit) return arm ? q.arm_and_poll(out, ec) : q.poll(out, ec);
+    bool kept = false;
+    std::size_t n = 0;
+    for (bool first = true; n == 0; first = false) {
+      const auto wcs = first && arm ? q.arm_and_poll(out, ec) : q.poll(out, ec);
+      if (ec || wcs.empty()) break;
+      for (const Completion& wc : wcs) {
+        if (wc.wr_id() == Connection::exchange_wr_id) {
+          try {
+            reserved.push_back(wc);
+            kept = true;
+            continue;
+          } catch (const std::bad_alloc&) {
+            // Out of memory: the caller gets it, as before exchange() ran.
+          }
+        }
+        out[n++] = wc;
+      }
+      if (wcs.size() < out.size()) break;
+    }
+    if (kept) wake();
     return out.first(n);
   }
 };
@@ -406,7 +445,7 @@ struct Connection::Impl {
   }
 
   /// The link of `cq` for wait(): the receive CQ's, else the send CQ's. One pointer compare, on
-  /// the data path; HeldCompletions::take() is for the CQ the link names only.
+  /// the data path; wait_cq() uses the store for the CQ the link names only.
   HeldLink& held_link(const CompletionQueue& cq) noexcept {
     return cq.shared_handle().get() == recv_held.cq ? recv_held : send_held;
   }
@@ -618,6 +657,23 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
   // Room in `retired` now: Retire's destructor runs while an exception unwinds, where a
   // push_back that threw bad_alloc would terminate.
   c.retired.reserve(c.retired.size() + 1);
+  // While it runs, a wait() on its CQs through another connection keeps this exchange()'s
+  // requests for it (HeldCompletions::poll). Counted before anything is posted.
+  struct Running {
+    HeldCompletions* recv;
+    HeldCompletions* send;  // null when it is the same CQ
+    explicit Running(HeldCompletions* r, HeldCompletions* s) noexcept : recv(r), send(s == r ? nullptr : s) {
+      recv->state.fetch_add(HeldCompletions::exchange_unit);
+      if (send != nullptr) send->state.fetch_add(HeldCompletions::exchange_unit);
+    }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+    ~Running() {
+      recv->state.fetch_sub(HeldCompletions::exchange_unit);
+      if (send != nullptr) send->state.fetch_sub(HeldCompletions::exchange_unit);
+    }
+  };
+  const Running running(c.recv_held.store.get(), c.send_held.store.get());
   qp().post_recv(mr.slice(n, n), exchange_wr_id).check(where);
   // Until both requests have completed, the region must stay registered, whatever is thrown.
   struct Retire {
@@ -689,7 +745,7 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
         if (wcs.size() < got.size()) break;
       }
       if (kept) {
-        store.any.store(!store.held.empty(), std::memory_order_release);
+        store.update_held_bit();
         store.wake();
       }
     }
@@ -856,13 +912,15 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
                                           std::error_code& ec, bool busy) noexcept {
   Impl& c = *impl_;
   ec.clear();
-  // Completions an exchange() held for this CQ come first, as though still in it. Nothing held
-  // (the fast path): one pointer compare here and one load per poll below.
+  // Polls `cq` (arming it first when `arm`). The fast path, nothing held and no exchange()
+  // running on the CQ: one pointer compare here and one load per poll. Otherwise through the
+  // store: what an exchange() held for the CQ first, as though still in it, and the requests of
+  // a running exchange() kept for it.
   HeldLink& held = c.held_link(cq);
-  const auto take_held = [&]() -> std::span<Completion> {
-    if (!held.store->any.load(std::memory_order_acquire)) [[likely]] return {};
-    if (cq.shared_handle().get() != held.cq) return {};  // not a CQ of the connection's
-    return held.store->take(out);
+  const auto poll = [&](bool arm) -> std::span<Completion> {
+    if (held.store->state.load(std::memory_order_acquire) != 0 && cq.shared_handle().get() == held.cq) [[unlikely]]
+      return held.store->poll(cq, out, ec, arm);
+    return arm ? cq.arm_and_poll(out, ec) : cq.poll(out, ec);
   };
   const auto deadline = deadline_after(timeout);
   // Completions in the CQ always come first. When the connection is over, the CQ is polled
@@ -871,16 +929,14 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   // still posted, and the wait fails.
   const auto closed = [&]() { return c.over(); };
   const auto finish = [&]() -> std::span<Completion> {
-    if (auto got = take_held(); !got.empty()) return got;
-    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = poll(false); !got.empty() || ec) return got;
     c.settle();
     ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
     return {};
   };
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   for (bool first = true;; first = false) {
-    if (auto got = take_held(); !got.empty()) [[unlikely]] return got;
-    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = poll(false); !got.empty() || ec) return got;
     if (busy || !cq.has_channel()) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
@@ -894,17 +950,27 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     if (c.pump(ec), ec) return {};
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
-    if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
-    // held.fd: another connection's exchange() kept something for this CQ (it polled the CQ, and
-    // may have taken the completion that would have raised the event).
-    const int held_fd = cq.shared_handle().get() == held.cq ? held.fd : -1;  // poll(2) skips -1
+    if (auto got = poll(true); !got.empty() || ec) return got;
+    // held_fd: an exchange() kept something for this CQ (it polled the CQ, and may have taken the
+    // completion that would have raised the event), or took the CQ's event (see below).
+    const bool of_connection = cq.shared_handle().get() == held.cq;
+    const int held_fd = of_connection ? held.fd : -1;  // poll(2) skips -1
     pollfd fds[4] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}, {held_fd, POLLIN, 0}};
     if (::poll(fds, 4, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
     }
     if (fds[3].revents != 0) Impl::drain(held_fd);  // before the store is looked at again
-    if (fds[0].revents != 0 && (cq.consume_events(ec), ec)) return {};
+    if (fds[0].revents != 0) {
+      const int events = cq.consume_events(ec);
+      if (ec) return {};
+      // An exchange() asleep on this CQ may have armed it for its own completion, which raises
+      // no event now that this one is taken: wake it to arm the CQ again.
+      if (events > 0 && of_connection && held.store->exchanging()) {
+        const std::lock_guard lock(held.store->mutex);
+        held.store->wake();
+      }
+    }
     // A readable cm channel is read at the top of the loop, after the CQ.
   }
 }

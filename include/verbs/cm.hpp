@@ -175,9 +175,10 @@ struct ListenOptions {
 ///   event) goes to one of them, and the other may sleep until its timeout: keep one waiter
 ///   per CQ.
 /// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
-/// - exchange() posts and polls on its own: not while another thread uses the connection, nor
-///   while one waits on (or polls) its CQs through another connection that shares them. The
-///   exchange() calls of connections that share CQs may run at once, one thread each.
+/// - exchange() posts and polls on its own: not while another thread uses the connection.
+///   Connections that share its CQs may go on meanwhile, from other threads: their wait(),
+///   spin() and exchange() on a shared CQ leave its requests to it, as it leaves theirs to
+///   them (see exchange()). Polling the CQ itself (CompletionQueue::poll(), wait()) does not.
 /// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
 ///   what is fixed at establishment: safe from any thread.
 /// - Moving, assigning and destroying the Connection: not while any other call runs.
@@ -227,9 +228,11 @@ class Connection {
   /// ConnectionOptions::send_cq or recv_cq, theirs) are not lost: they are held for that CQ,
   /// and the next wait() or spin() on it, through any connection that uses it, returns them
   /// first, as though they were still in the CQ; a thread asleep in wait() on it is woken.
-  /// They are kept as long as a connection uses the CQ. The requests of another connection's
-  /// exchange() (wr_id exchange_wr_id, another qp_num) are kept for that exchange(), never
-  /// returned by wait(): connections sharing CQs may exchange at once (see Threads above).
+  /// They are kept as long as a connection uses the CQ. The requests of exchange() (wr_id
+  /// exchange_wr_id) are its own: another connection's exchange() that polls them, or its
+  /// wait() or spin() while this exchange() runs, keeps them for it (by qp_num), never returning
+  /// them, so connections sharing CQs may exchange at once and go on waiting meanwhile (see
+  /// Threads above).
   ///
   /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
   /// before took the peer's message (its completion stays for wait()); Error with the
@@ -251,7 +254,8 @@ class Connection {
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
   /// was polled, empty on timeout. Completions held for `cq` come first (those an exchange() of
-  /// any connection on `cq` polled that were not its own), then those in the CQ; once the CQ
+  /// any connection on `cq` polled that were not its own), then those in the CQ, less the
+  /// requests of an exchange() running on `cq` (kept for it; see exchange()); once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
   /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
   /// disconnect(). Never blocks past `timeout`.

@@ -1294,6 +1294,104 @@ TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
   }
 }
 
+// A thread waits on a shared receive CQ through connection b (for a message b's peer sends)
+// while connection a, on the same CQs, exchange()s from another thread. Whichever polls first,
+// each must get its own, and soon: a's exchange() must not take b's receive from the waiter (it
+// is held for the CQ, and the sleeping waiter woken), the waiter's wait() must not return a's
+// exchange() requests (kept for a's exchange() while it runs, and a woken), and whichever takes
+// the CQ's event must not leave the other asleep. Rounds, as who polls first varies.
+TEST_F(CmThreads, AWaitOnASharedCqAndAnotherConnectionsExchangeEachGetTheirOwn) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
+  for (int round = 0; round < 16; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    cm::Listener listener(test_addr(), 0);
+    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
+      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
+      return std::pair(std::move(x), std::move(y));
+    });
+    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
+    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+    auto peers = server.get();
+    cm::Connection& for_a = peers.first;
+    cm::Connection& for_b = peers.second;
+    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+    ASSERT_EQ(for_b.peer_address(), b.local_address());
+
+    auto inbox = MemoryRegion::allocate(b.pd(), 64, Access::local_write);
+    ASSERT_TRUE(b.qp().post_recv(inbox.slice(0, 64), 7).ok());
+    struct Seen {
+      std::optional<Completion> mine;
+      std::vector<Completion> others;
+      std::string error;
+      Clock::duration took{};
+    };
+    auto waiter = std::async(std::launch::async, [&] {
+      Seen r;
+      const auto t0 = Clock::now();
+      std::array<Completion, 4> wcs;
+      while (!r.mine && r.error.empty() && Clock::now() - t0 < 10s) {
+        std::error_code ec;
+        for (const Completion& wc : b.wait(rcq, wcs, 10s, ec)) {
+          if (wc.wr_id() == 7)
+            r.mine = wc;
+          else
+            r.others.push_back(wc);
+        }
+        if (ec) r.error = ec.message();
+      }
+      r.took = Clock::now() - t0;
+      return r;
+    });
+    std::this_thread::sleep_for(20ms);  // the waiter is asleep on the shared CQ
+
+    constexpr auto rw = Access::local_write | Access::remote_write;
+    auto ma = MemoryRegion::allocate(a.pd(), 64, rw), sa = MemoryRegion::allocate(for_a.pd(), 256, rw);
+    auto on_sa = std::async(std::launch::async, [&] { return for_a.exchange(sa.remote(), 10s); });
+    auto on_a = std::async(std::launch::async, [&]() -> std::pair<std::optional<RemoteSlice>, std::string> {
+      try {
+        return {a.exchange(ma.remote(), 10s), {}};
+      } catch (const std::exception& e) {
+        return {std::nullopt, e.what()};
+      }
+    });
+    // Even rounds: b's message comes while a exchanges (a's exchange() may poll it). Odd rounds:
+    // after, so that the waiter sleeps through a's whole exchange() (and may poll its requests).
+    auto msg = MemoryRegion::allocate(for_b.pd(), 64);
+    fill_pattern(msg.bytes(), static_cast<unsigned>(round));
+    const auto send = [&] { return for_b.qp().post_send(msg.slice(0, 64), {.wr_id = 8}).ok(); };
+    if (round % 2 == 0) {
+      ASSERT_TRUE(send());
+    }
+    const auto t0 = Clock::now();
+    const auto [slice, why] = on_a.get();
+    const auto a_took = Clock::now() - t0;
+    if (round % 2 == 1) {
+      ASSERT_TRUE(send());
+    }
+    const Seen w = waiter.get();
+    try {
+      (void)on_sa.get();
+    } catch (const Error&) {
+    }
+    EXPECT_EQ(slice, std::optional(sa.remote())) << "a: " << why;
+    EXPECT_LT(a_took, 3s) << "a's exchange() took " << ms(a_took) << " ms";
+    ASSERT_TRUE(w.mine.has_value()) << "b's receive never reached the waiter: " << w.error;
+    EXPECT_TRUE(completed(*w.mine, WcOpcode::recv, 7));
+    EXPECT_LT(w.took, 3s) << "the waiter got b's receive after " << ms(w.took) << " ms: asleep while it was held?";
+    for (const Completion& wc : w.others) ADD_FAILURE() << "the waiter on b got a completion not b's: " << describe(wc);
+    EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
+    const auto sent = for_b.wait_one(for_b.send_cq(), 5s);
+    EXPECT_TRUE(sent && sent->ok());
+    if (HasFailure()) return;
+  }
+}
+
 std::string rdma_resources() {
   std::string out;
   if (FILE* f = ::popen("rdma resource show 2>/dev/null", "r")) {
