@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <mutex>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace verbs::cm {
 namespace {
@@ -228,6 +230,127 @@ Device device_of(const std::shared_ptr<rdma_cm_id>& id) {
   return Device::adopt(std::shared_ptr<ibv_context>(id->verbs, [id](ibv_context*) {}));
 }
 
+/// Completions an exchange() polled that were not its own, kept for the CQ they came from. A CQ
+/// may be shared by several connections (ConnectionOptions::send_cq, recv_cq), so what one
+/// connection's exchange() polls may be another's: one store per ibv_cq, shared by every
+/// Connection that uses the CQ (held_store()), and what it holds is returned by any of their
+/// wait()s on that CQ, as though it were still in the CQ.
+struct HeldCompletions {
+  explicit HeldCompletions(std::shared_ptr<ibv_cq> q) noexcept : cq(std::move(q)) {}
+  HeldCompletions(const HeldCompletions&) = delete;
+  HeldCompletions& operator=(const HeldCompletions&) = delete;
+  ~HeldCompletions();
+
+  /// The CQ, kept: its address is the registry's key, and must not be reused while the store lives.
+  const std::shared_ptr<ibv_cq> cq;
+  /// What wait()'s fast path loads, once per poll: 0 when nothing is held and no exchange()
+  /// runs on the CQ. Bit 0: `held` is not empty (written under `mutex`); above it, how many
+  /// exchange()s run on the CQ (each adds `exchange_unit` while it runs).
+  std::atomic<unsigned> state{0};
+  static constexpr unsigned held_bit = 1, exchange_unit = 2;
+  std::mutex mutex;
+  /// For any connection's wait() or spin() on the CQ, in the order they were polled.
+  std::deque<Completion> held;
+  /// Requests of exchange() (wr_id exchange_wr_id) polled by anyone but the exchange() of their
+  /// QP: for the exchange() of the QP they belong to (qp_num), never for wait().
+  std::vector<Completion> reserved;
+  /// An eventfd of each connection on the CQ, written whenever something is kept: a thread asleep
+  /// in wait() or exchange() on the CQ polls its connection's, and drains it before looking here.
+  std::vector<int> wakers;
+
+  /// Wakes every connection on the CQ. Under `mutex`, so that no fd is written once unregistered.
+  void wake() noexcept {
+    const std::uint64_t one = 1;
+    for (const int fd : wakers) (void)!::write(fd, &one, sizeof one);
+  }
+  /// After `held` changed, under `mutex`.
+  void update_held_bit() noexcept {
+    if (held.empty())
+      state.fetch_and(~held_bit, std::memory_order_release);
+    else
+      state.fetch_or(held_bit, std::memory_order_release);
+  }
+  [[nodiscard]] bool exchanging() const noexcept { return state.load(std::memory_order_acquire) >= exchange_unit; }
+
+  /// wait()'s poll when `state` is not 0: what is held first; else the CQ (armed first when
+  /// `arm`, as CompletionQueue::arm_and_poll), keeping from the caller, while an exchange() runs
+  /// on the CQ, the requests of exchange() (wr_id exchange_wr_id): they are reserved for the
+  /// exchange() of their QP, which is woken.
+  std::span<Completion> poll(CompletionQueue& q, std::span<Completion> out, std::error_code& ec, bool arm) noexcept {
+    const std::lock_guard lock(mutex);
+    ec.clear();
+    if (!held.empty()) {
+      const std::size_t n = std::min(out.size(), held.size());
+      std::copy_n(held.begin(), n, out.begin());
+      held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n));
+      update_held_bit();
+      return out.first(n);
+    }
+    if (state.load(std::memory_order_relaxed) < exchange_unit) return arm ? q.arm_and_poll(out, ec) : q.poll(out, ec);
+    bool kept = false;
+    std::size_t n = 0;
+    for (bool first = true; n == 0; first = false) {
+      const auto wcs = first && arm ? q.arm_and_poll(out, ec) : q.poll(out, ec);
+      if (ec || wcs.empty()) break;
+      for (const Completion& wc : wcs) {
+        if (wc.wr_id() == Connection::exchange_wr_id) {
+          try {
+            reserved.push_back(wc);
+            kept = true;
+            continue;
+          } catch (const std::bad_alloc&) {
+            // Out of memory: the caller gets it, as before exchange() ran.
+          }
+        }
+        out[n++] = wc;
+      }
+      if (wcs.size() < out.size()) break;
+    }
+    if (kept) wake();
+    return out.first(n);
+  }
+};
+
+/// The stores of the CQs that connections use, by ibv_cq (weak: a store lives as long as a
+/// connection uses its CQ). Never destroyed: connections may outlive static destruction.
+struct HeldRegistry {
+  std::mutex mutex;
+  std::unordered_map<const ibv_cq*, std::weak_ptr<HeldCompletions>> stores;
+};
+
+HeldRegistry& held_registry() {
+  static auto* registry = new HeldRegistry;  // NOLINT(cppcoreguidelines-owning-memory): see above
+  return *registry;
+}
+
+/// The store of `cq`, shared with every other connection on it.
+std::shared_ptr<HeldCompletions> held_store(const std::shared_ptr<ibv_cq>& cq) {
+  HeldRegistry& r = held_registry();
+  const std::lock_guard lock(r.mutex);
+  std::weak_ptr<HeldCompletions>& slot = r.stores[cq.get()];
+  if (auto store = slot.lock()) return store;
+  auto store = std::make_shared<HeldCompletions>(cq);
+  slot = store;
+  return store;
+}
+
+HeldCompletions::~HeldCompletions() {
+  HeldRegistry& r = held_registry();
+  const std::lock_guard lock(r.mutex);
+  // Unless a connection made a new store for the CQ meanwhile (held_store() found this one expired).
+  if (const auto it = r.stores.find(cq.get()); it != r.stores.end() && it->second.expired()) r.stores.erase(it);
+}
+
+/// A connection's link to the store of one of its CQs.
+struct HeldLink {
+  ibv_cq* cq = nullptr;  // the store's CQ: what wait() compares
+  std::shared_ptr<HeldCompletions> store;
+  /// Registered in the store: written when it keeps something, polled by this connection's
+  /// waiters on this CQ. One per CQ, not per connection: a waiter on the other CQ would drain
+  /// it and leave the waiter on this one asleep.
+  int fd = -1;
+};
+
 }  // namespace
 
 std::string_view to_string(Phase p) noexcept {
@@ -273,11 +396,10 @@ struct Connection::Impl {
   std::vector<std::byte> peer_private;
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
-  // Completions exchange() polled that were not its own, in CQ order, for wait() to return.
-  // Guarded by held_mutex; any_held lets wait() skip the lock when there are none.
-  std::mutex held_mutex;
-  std::vector<std::pair<const ibv_cq*, Completion>> held;
-  std::atomic<bool> any_held{false};
+  // The stores of completions held for the receive and the send CQ (one store, and one link,
+  // when they are the same CQ): shared with every connection on the CQ (HeldCompletions).
+  HeldLink recv_held, send_held;
+  std::uint32_t qp_num = 0;
   // Regions of failed exchange()s whose requests may still be posted: kept until the QP goes.
   std::vector<MemoryRegion> retired;
   // Set while connecting or accepting, before the Connection is handed out; read-only after.
@@ -305,8 +427,37 @@ struct Connection::Impl {
       rdma_disconnect(id.get());
     }
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
+    unlink_held(recv_held);
+    if (send_held.store != recv_held.store) unlink_held(send_held);
     if (over_fd >= 0) ::close(over_fd);
     if (gone_fd >= 0) ::close(gone_fd);
+  }
+
+  /// Leaves the store: no more wakeups, and the exchange() completions reserved for this QP go
+  /// (its number may be given to a new QP, whose exchange() would take them for its own).
+  void unlink_held(HeldLink& l) noexcept {
+    if (l.store) {
+      const std::lock_guard lock(l.store->mutex);
+      std::erase(l.store->wakers, l.fd);
+      if (qp_num != 0) std::erase_if(l.store->reserved, [&](const Completion& wc) { return wc.qp_num() == qp_num; });
+    }
+    if (l.fd >= 0) ::close(l.fd);
+  }
+
+  /// The link of `cq` for wait(): the receive CQ's, else the send CQ's. One pointer compare, on
+  /// the data path; wait_cq() uses the store for the CQ the link names only.
+  HeldLink& held_link(const CompletionQueue& cq) noexcept {
+    return cq.shared_handle().get() == recv_held.cq ? recv_held : send_held;
+  }
+
+  /// Joins the store of `cq`, with an eventfd of its own.
+  void link_held(HeldLink& l, const CompletionQueue& cq, Phase phase, SourceLocation where) {
+    l.cq = cq.shared_handle().get();
+    l.store = held_store(cq.shared_handle());
+    l.fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (l.fd < 0) fail(errno, phase, "eventfd", where);
+    const std::lock_guard lock(l.store->mutex);
+    l.store->wakers.push_back(l.fd);
   }
 
   /// Makes over_fd readable (and gone_fd once the peer or the device ended the connection),
@@ -317,27 +468,10 @@ struct Connection::Impl {
     if ((peer_gone || device_removed) && gone_fd >= 0) (void)!::write(gone_fd, &one, sizeof one);
   }
 
-  /// Holds a completion exchange() polled that was not its own.
-  void hold(const CompletionQueue& cq, const Completion& wc) {
-    const std::lock_guard lock(held_mutex);
-    held.emplace_back(cq.native_handle(), wc);
-    any_held.store(true, std::memory_order_release);
-  }
-
-  /// Moves completions held for `cq` into `out`; what was moved.
-  std::span<Completion> take_held(const CompletionQueue& cq, std::span<Completion> out) noexcept {
-    const std::lock_guard lock(held_mutex);
-    std::size_t n = 0;
-    for (auto it = held.begin(); it != held.end() && n < out.size();) {
-      if (it->first == cq.native_handle()) {
-        out[n++] = it->second;
-        it = held.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    any_held.store(!held.empty(), std::memory_order_release);
-    return out.first(n);
+  /// Empties an eventfd of a held link (it was readable), before the store is looked at again.
+  static void drain(int fd) noexcept {
+    std::uint64_t n = 0;
+    (void)!::read(fd, &n, sizeof n);
   }
 
   /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device.
@@ -373,6 +507,11 @@ struct Connection::Impl {
       recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
     else
       recv_cq.emplace(*device, cqo, where);
+    link_held(recv_held, *recv_cq, phase, where);
+    if (send_cq->shared_handle() == recv_cq->shared_handle())
+      send_held = recv_held;
+    else
+      link_held(send_held, *send_cq, phase, where);
     if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
     if (o.qp.srq != nullptr) {
       check_same(o.qp.srq, "QpOptions::srq");
@@ -390,6 +529,7 @@ struct Connection::Impl {
     // and send the reply or RTU before the caller could take them back: a peer writing at once
     // went through rights never granted. This side makes every transition itself (transition()).
     qp.emplace(*pd, *send_cq, *recv_cq, q, where);
+    qp_num = qp->qp_num();
     access = o.qp.access;
     transport = o.transport;
     transition(IBV_QPS_INIT, phase, where);
@@ -512,52 +652,195 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
   auto mr = MemoryRegion::allocate(pd(), 2 * n, Access::local_write, where);
   const RemoteSlice::Wire w = mine.encode();
   std::memcpy(mr.data(), w.data(), n);
+  // Room in `retired` now: Retire's destructor runs while an exception unwinds, where a
+  // push_back that threw bad_alloc would terminate.
+  c.retired.reserve(c.retired.size() + 1);
+  // While it runs, a wait() on its CQs through another connection keeps this exchange()'s
+  // requests for it (HeldCompletions::poll). Counted before anything is posted.
+  struct Running {
+    HeldCompletions* recv;
+    HeldCompletions* send;  // null when it is the same CQ
+    explicit Running(HeldCompletions* r, HeldCompletions* s) noexcept : recv(r), send(s == r ? nullptr : s) {
+      recv->state.fetch_add(HeldCompletions::exchange_unit);
+      if (send != nullptr) send->state.fetch_add(HeldCompletions::exchange_unit);
+    }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+    ~Running() {
+      recv->state.fetch_sub(HeldCompletions::exchange_unit);
+      if (send != nullptr) send->state.fetch_sub(HeldCompletions::exchange_unit);
+    }
+  };
+  const Running running(c.recv_held.store.get(), c.send_held.store.get());
   qp().post_recv(mr.slice(n, n), exchange_wr_id).check(where);
-  bool received = false, sent = false;
   // Until both requests have completed, the region must stay registered, whatever is thrown.
   struct Retire {
     Impl& c;
     MemoryRegion& mr;
     const bool& done;
     ~Retire() {
-      if (!done) c.retired.push_back(std::move(mr));
+      if (!done) c.retired.push_back(std::move(mr));  // cannot throw: the capacity is there
     }
   };
   bool done = false;
   const Retire retire{c, mr, done};
   qp().post_send(mr.slice(0, n), {.wr_id = exchange_wr_id}).check(where);
-  const std::uint32_t qpn = qp().qp_num();
+
+  const std::uint32_t qpn = c.qp_num;
+  CompletionQueue& rcq = *c.recv_cq;
+  CompletionQueue& scq = *c.send_cq;
+  const bool one_cq = c.send_held.store == c.recv_held.store;
+  bool received = false, sent = false;
+  int completed = 0;                      // of this QP's exchange requests, failed ones included
+  std::optional<Completion> flushed;      // the first of them that was flushed
+  std::optional<std::uint64_t> taken;     // a receive of the caller's that took the peer's message
+  const auto takes_message = [&](const Completion& wc) {
+    return wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv;
+  };
   std::array<Completion, 16> got;
-  while (!received || !sent) {
-    // The receive first: the send's completion is there by the time the peer's message is.
-    CompletionQueue& cq = !received ? *c.recv_cq : *c.send_cq;
-    const auto left = std::chrono::ceil<milliseconds>(std::max(Clock::duration::zero(), deadline - Clock::now()));
+  std::vector<Completion> ours;
+  ours.reserve(4);
+  // What the other connections' exchange()s reserved for this QP, then what is in the CQ (all
+  // of it, `arm`ing it first when asked): this QP's exchange requests go to `ours`, another's to
+  // its reservation, the rest is held for wait(), waking the connections on the CQ. The CQ is
+  // polled under the store's lock, so that what exchange()s hold keeps the CQ's order. Returns
+  // how many completions it found.
+  const auto collect = [&](CompletionQueue& cq, HeldCompletions& store, bool arm) -> std::size_t {
+    std::size_t found = 0;
     std::error_code ec;
-    const auto wcs = wait_cq(cq, got, left, ec);
-    if (ec)
-      fail(ec.value(), Phase::established,
-           ec.value() == ECONNRESET ? "exchange: the peer disconnected"
-           : ec.value() == ENODEV   ? "exchange: the RDMA device was removed"
-                                    : "exchange: waiting for completions", where);
-    if (wcs.empty())
-      fail(ETIMEDOUT, Phase::established,
-           "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
-    std::optional<std::uint64_t> taken;  // a receive of the caller's that took the peer's message
-    for (const Completion& wc : wcs) {
-      if (wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn) {
-        wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
-        (wc.opcode() == WcOpcode::recv ? received : sent) = true;
-      } else {
-        c.hold(cq, wc);
-        if (!received && wc.qp_num() == qpn && wc.ok() && wc.opcode() == WcOpcode::recv) taken = wc.wr_id();
+    {
+      const std::lock_guard lock(store.mutex);
+      for (auto it = store.reserved.begin(); it != store.reserved.end();) {
+        if (it->qp_num() == qpn) {
+          ours.push_back(*it);
+          it = store.reserved.erase(it);
+          ++found;
+        } else {
+          ++it;
+        }
+      }
+      if (!taken)
+        if (const auto it = std::find_if(store.held.begin(), store.held.end(), takes_message); it != store.held.end())
+          taken = it->wr_id();
+      bool kept = false;
+      for (bool first = true;; first = false) {
+        const auto wcs = first && arm ? cq.arm_and_poll(got, ec) : cq.poll(got, ec);
+        if (ec) break;
+        found += wcs.size();
+        for (const Completion& wc : wcs) {
+          if (wc.wr_id() == exchange_wr_id && wc.qp_num() == qpn) {
+            ours.push_back(wc);
+            continue;
+          }
+          kept = true;
+          if (wc.wr_id() == exchange_wr_id) {
+            store.reserved.push_back(wc);
+          } else {
+            store.held.push_back(wc);
+            if (!taken && takes_message(wc)) taken = wc.wr_id();
+          }
+        }
+        if (wcs.size() < got.size()) break;
+      }
+      if (kept) {
+        store.update_held_bit();
+        store.wake();
       }
     }
+    if (ec) fail(ec.value(), Phase::established, "exchange: polling the CQ", where);
+    return found;
+  };
+  const auto collect_all = [&](bool arm) {
+    std::size_t found = collect(rcq, *c.recv_held.store, arm);
+    if (!one_cq) found += collect(scq, *c.send_held.store, arm);
+    return found;
+  };
+  // A failure other than a flush is the cause and is thrown at once. A flushed request (the QP
+  // went to ERR) waits for the other one, whose failure may say why (e.g. the send's RNR retries
+  // ran out because the peer never posted its receive): the flush is thrown only without one.
+  const auto settle_ours = [&] {
+    for (const Completion& wc : ours) {
+      ++completed;
+      if (wc.ok())
+        (wc.opcode() == WcOpcode::recv ? received : sent) = true;
+      else if (wc.status() != WcStatus::wr_flush_err)
+        wc.throw_if_failed(where);  // the opcode of a failed completion is undefined
+      else if (!flushed)
+        flushed = wc;
+    }
+    ours.clear();
+  };
+  const auto timed_out = [&] {
+    if (flushed) flushed->throw_if_failed(where);
+    fail(ETIMEDOUT, Phase::established,
+         "exchange: the peer did not answer within " + std::to_string(timeout.count()) + " ms", where);
+  };
+  // A CQ's event is for whoever sleeps on the CQ: another connection's exchange() asleep on a
+  // shared CQ may have armed it for a completion of its own, which raises no event now that this
+  // one is consumed (and this thread may leave before it comes). Wake every connection on the
+  // CQ, so that they poll and arm it again.
+  const auto consume = [&](CompletionQueue& cq, HeldCompletions& store) {
+    std::error_code ec;
+    const int events = cq.consume_events(ec);
+    if (ec) fail(ec.value(), Phase::established, "exchange: ibv_get_cq_event", where);
+    if (events > 0) {
+      const std::lock_guard lock(store.mutex);
+      store.wake();
+    }
+  };
+  // Both CQs at once (they may be one): either request may fail first.
+  const bool busy = !rcq.has_channel() || !scq.has_channel();
+  unsigned spins = 0;
+  for (bool first = true;; first = false) {
+    const std::size_t found = collect_all(false);
+    settle_ours();
+    if (received && sent) break;
+    if (flushed && completed >= 2) flushed->throw_if_failed(where);
     if (taken && !received)
       fail(EPROTO, Phase::established,
            "exchange: the peer's message went into a receive posted before exchange() (wr_id " +
                std::to_string(*taken) +
                "; its completion is kept for wait()): call exchange() before posting receives (not in "
                "before_handshake), or hand the buffer over with ConnectionOptions::expose", where);
+    if (found != 0) {  // poll again before sleeping, unless time is up
+      if (Clock::now() >= deadline) timed_out();
+      continue;
+    }
+    if (busy && !first && (++spins & 1023u) != 0) {
+      if (Clock::now() >= deadline) timed_out();
+      continue;
+    }
+    std::error_code ec;
+    if (c.pump(ec), ec) fail(ec.value(), Phase::established, "exchange: rdma_get_cm_event", where);
+    if (c.over()) {
+      // As wait(): what is in the CQs comes first (the loop takes it), then the error.
+      if (collect_all(false) != 0) continue;
+      c.settle();
+      fail(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, Phase::established,
+           c.peer_gone        ? "exchange: the peer disconnected"
+           : c.device_removed ? "exchange: the RDMA device was removed"
+                              : "exchange: the connection was closed on this side", where);
+    }
+    if (Clock::now() >= deadline) timed_out();
+    if (busy) continue;
+    if (collect_all(true) != 0) continue;
+    // Asleep until a CQ has an event, the cm channel one, the connection is over, or another
+    // connection's exchange() keeps something for one of the CQs.
+    std::array<pollfd, 6> fds{};
+    nfds_t k = 0;
+    fds[k++] = {rcq.fd(), POLLIN, 0};
+    if (!one_cq) fds[k++] = {scq.fd(), POLLIN, 0};
+    const nfds_t held_at = k;
+    fds[k++] = {c.recv_held.fd, POLLIN, 0};
+    if (!one_cq) fds[k++] = {c.send_held.fd, POLLIN, 0};
+    fds[k++] = {c.channel->fd, POLLIN, 0};
+    fds[k++] = {c.over_fd, POLLIN, 0};
+    if (::poll(fds.data(), k, std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
+      fail(errno, Phase::established, "exchange: poll", where);
+    for (nfds_t i = held_at; i < held_at + (one_cq ? 1 : 2); ++i)
+      if (fds[i].revents != 0) Impl::drain(fds[i].fd);
+    if (fds[0].revents != 0) consume(rcq, *c.recv_held.store);
+    if (!one_cq && fds[1].revents != 0) consume(scq, *c.send_held.store);
   }
   done = true;
   return RemoteSlice::decode(mr.bytes().subspan(n, n), where);
@@ -615,25 +898,28 @@ void Connection::disconnect(SourceLocation where) {
 
 std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
-  ec.clear();
-  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
-    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
-  }
   return wait_cq(cq, out, timeout, ec);
 }
 
 std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
-  ec.clear();
-  if (impl_->any_held.load(std::memory_order_acquire)) [[unlikely]] {
-    if (auto got = impl_->take_held(cq, out); !got.empty()) return got;
-  }
   return wait_cq(cq, out, timeout, ec, true);
 }
 
 std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                           std::error_code& ec, bool busy) noexcept {
   Impl& c = *impl_;
+  ec.clear();
+  // Polls `cq` (arming it first when `arm`). The fast path, nothing held and no exchange()
+  // running on the CQ: one pointer compare here and one load per poll. Otherwise through the
+  // store: what an exchange() held for the CQ first, as though still in it, and the requests of
+  // a running exchange() kept for it.
+  HeldLink& held = c.held_link(cq);
+  const auto poll = [&](bool arm) -> std::span<Completion> {
+    if (held.store->state.load(std::memory_order_acquire) != 0 && cq.shared_handle().get() == held.cq) [[unlikely]]
+      return held.store->poll(cq, out, ec, arm);
+    return arm ? cq.arm_and_poll(out, ec) : cq.poll(out, ec);
+  };
   const auto deadline = deadline_after(timeout);
   // Completions in the CQ always come first. When the connection is over, the CQ is polled
   // once more (a completion can land between a poll and the event that ends the connection:
@@ -641,14 +927,14 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   // still posted, and the wait fails.
   const auto closed = [&]() { return c.over(); };
   const auto finish = [&]() -> std::span<Completion> {
-    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = poll(false); !got.empty() || ec) return got;
     c.settle();
     ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
     return {};
   };
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   for (bool first = true;; first = false) {
-    if (auto got = cq.poll(out, ec); !got.empty() || ec) return got;
+    if (auto got = poll(false); !got.empty() || ec) return got;
     if (busy || !cq.has_channel()) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
@@ -662,13 +948,27 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     if (c.pump(ec), ec) return {};
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
-    if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
-    pollfd fds[3] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}};
-    if (::poll(fds, 3, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
+    if (auto got = poll(true); !got.empty() || ec) return got;
+    // held_fd: an exchange() kept something for this CQ (it polled the CQ, and may have taken the
+    // completion that would have raised the event), or took the CQ's event (see below).
+    const bool of_connection = cq.shared_handle().get() == held.cq;
+    const int held_fd = of_connection ? held.fd : -1;  // poll(2) skips -1
+    pollfd fds[4] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}, {held_fd, POLLIN, 0}};
+    if (::poll(fds, 4, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
     }
-    if (fds[0].revents != 0 && (cq.consume_events(ec), ec)) return {};
+    if (fds[3].revents != 0) Impl::drain(held_fd);  // before the store is looked at again
+    if (fds[0].revents != 0) {
+      const int events = cq.consume_events(ec);
+      if (ec) return {};
+      // An exchange() asleep on this CQ may have armed it for its own completion, which raises
+      // no event now that this one is taken: wake it to arm the CQ again.
+      if (events > 0 && of_connection && held.store->exchanging()) {
+        const std::lock_guard lock(held.store->mutex);
+        held.store->wake();
+      }
+    }
     // A readable cm channel is read at the top of the loop, after the CQ.
   }
 }

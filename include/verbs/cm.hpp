@@ -176,6 +176,9 @@ struct ListenOptions {
 ///   per CQ.
 /// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
 /// - exchange() posts and polls on its own: not while another thread uses the connection.
+///   Connections that share its CQs may go on meanwhile, from other threads: their wait(),
+///   spin() and exchange() on a shared CQ leave its requests to it, as it leaves theirs to
+///   them (see exchange()). Polling the CQ itself (CompletionQueue::poll(), wait()) does not.
 /// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
 ///   what is fixed at establishment: safe from any thread.
 /// - Moving, assigning and destroying the Connection: not while any other call runs.
@@ -217,13 +220,26 @@ class Connection {
   /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
   /// exchange_wr_id). Both sides call it before posting receives of their own, and before
   /// sending anything the peer would receive: the peer's message goes into the first receive
-  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. Completions
-  /// of other requests that it polls meanwhile (a shared CQ, a write posted before) are not
-  /// lost: the next wait() on that CQ returns them first. For a buffer known before
-  /// connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. For a buffer
+  /// known before connecting, prefer ConnectionOptions::expose, which costs no round trip.
+  ///
+  /// It polls both of the connection's CQs. Completions of other requests that it polls
+  /// meanwhile (a write posted before; on a CQ shared with other connections through
+  /// ConnectionOptions::send_cq or recv_cq, theirs) are not lost: they are held for that CQ,
+  /// and the next wait() or spin() on it, through any connection that uses it, returns them
+  /// first, as though they were still in the CQ; a thread asleep in wait() on it is woken.
+  /// They are kept as long as a connection uses the CQ. The requests of exchange() (wr_id
+  /// exchange_wr_id) are its own: another connection's exchange() that polls them, or its
+  /// wait() or spin() while this exchange() runs, keeps them for it (by qp_num), never returning
+  /// them, so connections sharing CQs may exchange at once and go on waiting meanwhile (see
+  /// Threads above).
+  ///
   /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
   /// before took the peer's message (its completion stays for wait()); Error with the
-  /// completion's status when a request failed, Error(Errc::bad_encoding) on a malformed
+  /// completion's status when a request failed: when one was flushed (the QP went to ERR), the
+  /// other's failure, which says why (e.g. RNR_RETRY_EXC_ERR: the peer had no receive for our
+  /// message, as when it never calls exchange()), and the flush only when the other has none
+  /// (or has not completed by the deadline); Error(Errc::bad_encoding) on a malformed
   /// answer. After a failure the two sides are out of step: close the connection. A request of
   /// exchange() may then still be posted; its region stays registered until the connection
   /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.
@@ -237,8 +253,9 @@ class Connection {
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout. Completions exchange() polled that were not its own come
-  /// first, then those in the CQ; once the CQ
+  /// was polled, empty on timeout. Completions held for `cq` come first (those an exchange() of
+  /// any connection on `cq` polled that were not its own), then those in the CQ, less the
+  /// requests of an exchange() running on `cq` (kept for it; see exchange()); once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
   /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
   /// disconnect(). Never blocks past `timeout`.
@@ -308,7 +325,7 @@ class Connection {
   friend class Listener;
   friend Connection connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
-  /// wait() without the completions exchange() held back.
+  /// wait() and spin(): the completions held for `cq` (see exchange()), then the CQ's.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                                 std::error_code& ec, bool busy = false) noexcept;
   /// The throwing form of wait() and spin().

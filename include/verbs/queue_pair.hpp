@@ -193,6 +193,14 @@ struct FailureBound {
 }
 ///@}
 
+class QueuePair;
+namespace detail {
+/// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
+/// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
+/// (the QP is being given up).
+void flush_to_error(QueuePair& qp) noexcept;
+}  // namespace detail
+
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
 ///
 /// Posting never allocates, locks or throws: a post returns a PostResult, and a request that
@@ -203,14 +211,6 @@ struct FailureBound {
 /// Threads: posts (send and receive) may run on several threads at once, and alongside
 /// query_state(); the state transitions and refresh_state() change what posts read, so they
 /// must not overlap a post on this QP.
-class QueuePair;
-namespace detail {
-/// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
-/// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
-/// (the QP is being given up).
-void flush_to_error(QueuePair& qp) noexcept;
-}  // namespace detail
-
 class QueuePair {
  public:
   /// ibv_create_qp(3). Throws Error (EINVAL for capacities over the device's limits, e.g. an

@@ -899,6 +899,67 @@ TEST_F(Cm, ExchangeThatTimesOutKeepsItsReceiveBufferValid) {
   EXPECT_TRUE(sent->ok()) << "the late message met a deregistered region: " << describe(*sent);
 }
 
+// Connections may share CQs (ConnectionOptions::send_cq, recv_cq). A completion of one of them
+// that another's exchange() polls is held for the CQ, not for the connection that polled it:
+// the owner's wait() on that CQ still returns it. Here b's write has completed and sits in the
+// shared send CQ when a's exchange() polls it.
+TEST_F(Cm, ExchangeLeavesAnotherConnectionsCompletionOnASharedCqForItsWait) {
+  cm::Listener listener(test_addr(), 0);
+  CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+  CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+  ProtectionDomain pd(*device);
+  auto target = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_write);
+  auto server = std::async(std::launch::async, [&] {
+    cm::Connection x = listener.accept(10s);
+    cm::Connection y = listener.accept(10s, {.qp = {.access = Access::remote_write}, .pd = &pd, .expose = target.remote()});
+    return std::pair(std::move(x), std::move(y));
+  });
+  const cm::ClientOptions shared{.connection = {.send_cq = &scq, .recv_cq = &rcq}};
+  cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+  cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+  auto peers = server.get();
+  cm::Connection& for_a = peers.first;
+  ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+  ASSERT_EQ(peers.second.peer_address(), b.local_address());
+
+  auto src = MemoryRegion::allocate(b.pd(), 64);
+  fill_pattern(src.bytes(), 4);
+  ASSERT_TRUE(b.qp().post_write(src.slice(0, 64), b.remote(), {.wr_id = 42}).ok());
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (std::memcmp(target.data(), src.data(), 64) != 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(same_bytes(target.bytes(), src.bytes())) << "b's write did not land within 10 s";
+  std::this_thread::sleep_for(100ms);  // its completion follows the ACK: now in the shared send CQ
+
+  auto mine = MemoryRegion::allocate(a.pd(), 64, Access::local_write | Access::remote_write);
+  auto theirs = MemoryRegion::allocate(for_a.pd(), 64, Access::local_write | Access::remote_write);
+  auto for_server = std::async(std::launch::async, [&] { return for_a.exchange(theirs.remote(), 10s); });
+  EXPECT_EQ(a.exchange(mine.remote(), 10s), theirs.remote());
+  EXPECT_EQ(for_server.get(), mine.remote());
+  const auto wc = b.wait_one(scq, 2s);
+  ASSERT_TRUE(wc.has_value()) << "a's exchange() took b's write completion from the shared CQ";
+  EXPECT_TRUE(completed(*wc, WcOpcode::rdma_write, 42));
+  const auto left = a.wait_one(scq, 200ms);
+  EXPECT_FALSE(left.has_value()) << "a completion left behind: " << describe(*left);
+}
+
+// A peer that never calls exchange() has no receive for our message: our send meets RNR until
+// its retries run out (RNR_RETRY_EXC_ERR, after about 3 s with the default TransportOptions),
+// the QP goes to ERR, and then our receive flushes. exchange() must report the cause, not the
+// flush it caused.
+TEST_F(Cm, ExchangeWithAPeerThatNeverCallsItReportsTheRnrNotTheFlush) {
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  cm::Connection conn = server.get();  // never calls exchange(), posts no receive
+  auto a = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = thrown_error([&] { (void)client.exchange(a.remote(), 20s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), make_error_code(WcStatus::rnr_retry_exc_err)) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s) << e->what();
+}
+
 // The PD and CQs a connection shares are held by it, as every object holds what it was made
 // from: the caller may move or destroy its own objects.
 TEST_F(Cm, SharedPdAndCqsOutliveTheCallersObjects) {
@@ -1254,6 +1315,168 @@ TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect)
     EXPECT_EQ(s.ec, std::errc::connection_reset) << s.ec.message();
     EXPECT_LT(r.at - closed, 3s) << "the receiving thread noticed the disconnect late";
     EXPECT_LT(s.at - closed, 3s) << "the sending thread noticed the disconnect late";
+  }
+}
+
+// Two connections whose CQs are shared (ConnectionOptions::send_cq and recv_cq) exchange at
+// once from two threads: each exchange() polls the other's completions off the shared CQs (its
+// send, its receive of the peer's message), which must reach the other's exchange(), and wake
+// it when it sleeps on the CQ. A thread asleep that is never woken would still find its
+// completions when its poll times out at the deadline: hence the limit on how long each takes.
+// The RNR timer is short (a send that finds the peer's exchange() receive not yet posted is
+// retried after 0.64 ms, not 491 ms) and rounds are many, as which thread polls first varies.
+TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
+  using Clock = std::chrono::steady_clock;
+  const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
+  for (int round = 0; round < 40; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    cm::Listener listener(test_addr(), 0);
+    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
+      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
+      return std::pair(std::move(x), std::move(y));
+    });
+    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
+    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+    auto peers = server.get();
+    cm::Connection& for_a = peers.first;
+    cm::Connection& for_b = peers.second;
+    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+    ASSERT_EQ(for_b.peer_address(), b.local_address());
+    constexpr auto rw = Access::local_write | Access::remote_write;
+    auto ma = MemoryRegion::allocate(a.pd(), 64, rw), mb = MemoryRegion::allocate(b.pd(), 128, rw);
+    auto sa = MemoryRegion::allocate(for_a.pd(), 256, rw), sb = MemoryRegion::allocate(for_b.pd(), 512, rw);
+    // The slice, or what went wrong; and how long it took.
+    struct Result {
+      std::optional<RemoteSlice> slice;
+      std::string error;
+      Clock::duration took{};
+    };
+    const auto exchange = [](cm::Connection& c, const RemoteSlice& s) {
+      return std::async(std::launch::async, [&c, s] {
+        Result r;
+        const auto t0 = Clock::now();
+        try {
+          r.slice = c.exchange(s, 10s);
+        } catch (const std::exception& e) {
+          r.error = e.what();
+        }
+        r.took = Clock::now() - t0;
+        return r;
+      });
+    };
+    auto on_a = exchange(a, ma.remote()), on_b = exchange(b, mb.remote());
+    auto on_sa = exchange(for_a, sa.remote()), on_sb = exchange(for_b, sb.remote());
+    const Result ra = on_a.get(), rb = on_b.get(), rsa = on_sa.get(), rsb = on_sb.get();
+    EXPECT_EQ(ra.slice, std::optional(sa.remote())) << "a: " << ra.error;
+    EXPECT_EQ(rb.slice, std::optional(sb.remote())) << "b: " << rb.error;
+    EXPECT_EQ(rsa.slice, std::optional(ma.remote())) << "a's peer: " << rsa.error;
+    EXPECT_EQ(rsb.slice, std::optional(mb.remote())) << "b's peer: " << rsb.error;
+    const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    EXPECT_LT(ra.took, 3s) << "a's exchange() took " << ms(ra.took) << " ms: asleep while its completions were there?";
+    EXPECT_LT(rb.took, 3s) << "b's exchange() took " << ms(rb.took) << " ms: asleep while its completions were there?";
+    if (HasFailure()) return;
+  }
+}
+
+// A thread waits on a shared receive CQ through connection b (for a message b's peer sends)
+// while connection a, on the same CQs, exchange()s from another thread. Whichever polls first,
+// each must get its own, and soon: a's exchange() must not take b's receive from the waiter (it
+// is held for the CQ, and the sleeping waiter woken), the waiter's wait() must not return a's
+// exchange() requests (kept for a's exchange() while it runs, and a woken), and whichever takes
+// the CQ's event must not leave the other asleep. Rounds, as who polls first varies.
+TEST_F(CmThreads, AWaitOnASharedCqAndAnotherConnectionsExchangeEachGetTheirOwn) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
+  for (int round = 0; round < 16; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    cm::Listener listener(test_addr(), 0);
+    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
+    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
+      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
+      return std::pair(std::move(x), std::move(y));
+    });
+    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
+    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
+    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
+    auto peers = server.get();
+    cm::Connection& for_a = peers.first;
+    cm::Connection& for_b = peers.second;
+    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
+    ASSERT_EQ(for_b.peer_address(), b.local_address());
+
+    auto inbox = MemoryRegion::allocate(b.pd(), 64, Access::local_write);
+    ASSERT_TRUE(b.qp().post_recv(inbox.slice(0, 64), 7).ok());
+    struct Seen {
+      std::optional<Completion> mine;
+      std::vector<Completion> others;
+      std::string error;
+      Clock::duration took{};
+    };
+    auto waiter = std::async(std::launch::async, [&] {
+      Seen r;
+      const auto t0 = Clock::now();
+      std::array<Completion, 4> wcs;
+      while (!r.mine && r.error.empty() && Clock::now() - t0 < 10s) {
+        std::error_code ec;
+        for (const Completion& wc : b.wait(rcq, wcs, 10s, ec)) {
+          if (wc.wr_id() == 7)
+            r.mine = wc;
+          else
+            r.others.push_back(wc);
+        }
+        if (ec) r.error = ec.message();
+      }
+      r.took = Clock::now() - t0;
+      return r;
+    });
+    std::this_thread::sleep_for(20ms);  // the waiter is asleep on the shared CQ
+
+    constexpr auto rw = Access::local_write | Access::remote_write;
+    auto ma = MemoryRegion::allocate(a.pd(), 64, rw), sa = MemoryRegion::allocate(for_a.pd(), 256, rw);
+    auto on_sa = std::async(std::launch::async, [&] { return for_a.exchange(sa.remote(), 10s); });
+    auto on_a = std::async(std::launch::async, [&]() -> std::pair<std::optional<RemoteSlice>, std::string> {
+      try {
+        return {a.exchange(ma.remote(), 10s), {}};
+      } catch (const std::exception& e) {
+        return {std::nullopt, e.what()};
+      }
+    });
+    // Even rounds: b's message comes while a exchanges (a's exchange() may poll it). Odd rounds:
+    // after, so that the waiter sleeps through a's whole exchange() (and may poll its requests).
+    auto msg = MemoryRegion::allocate(for_b.pd(), 64);
+    fill_pattern(msg.bytes(), static_cast<unsigned>(round));
+    const auto send = [&] { return for_b.qp().post_send(msg.slice(0, 64), {.wr_id = 8}).ok(); };
+    if (round % 2 == 0) {
+      ASSERT_TRUE(send());
+    }
+    const auto t0 = Clock::now();
+    const auto [slice, why] = on_a.get();
+    const auto a_took = Clock::now() - t0;
+    if (round % 2 == 1) {
+      ASSERT_TRUE(send());
+    }
+    const Seen w = waiter.get();
+    try {
+      (void)on_sa.get();
+    } catch (const Error&) {
+    }
+    EXPECT_EQ(slice, std::optional(sa.remote())) << "a: " << why;
+    EXPECT_LT(a_took, 3s) << "a's exchange() took " << ms(a_took) << " ms";
+    ASSERT_TRUE(w.mine.has_value()) << "b's receive never reached the waiter: " << w.error;
+    EXPECT_TRUE(completed(*w.mine, WcOpcode::recv, 7));
+    EXPECT_LT(w.took, 3s) << "the waiter got b's receive after " << ms(w.took) << " ms: asleep while it was held?";
+    for (const Completion& wc : w.others) ADD_FAILURE() << "the waiter on b got a completion not b's: " << describe(wc);
+    EXPECT_TRUE(same_bytes(inbox.bytes(), msg.bytes()));
+    const auto sent = for_b.wait_one(for_b.send_cq(), 5s);
+    EXPECT_TRUE(sent && sent->ok());
+    if (HasFailure()) return;
   }
 }
 
