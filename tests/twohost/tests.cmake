@@ -1,7 +1,8 @@
-# Cross-host tests (label twohost): each boots the two hosts of scripts/rxe-pair, joined by one
+# Cross-host tests (label wire; not "twohost": ctest -L takes a regular expression, and
+# `ctest -L host` would pick that up): each boots the two hosts of scripts/rxe-pair, joined by one
 # emulated Ethernet link, and runs a case on host b with its peer on host a (tests/twohost/run.sh).
 # They run on this machine, not inside a VM, one at a time (each pair takes both CPUs); scripts/test
-# runs them with `ctest -L twohost`. Included from tests/CMakeLists.txt with the examples and
+# runs them with `ctest -L wire`. Included from tests/CMakeLists.txt with the examples and
 # bench built.
 set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
 # Traffic with every byte checked, for the faults (tests/twohost/wire_peer.cpp).
@@ -46,4 +47,4 @@ endforeach()
 
 get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)
 list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
-set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS twohost TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
+set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS wire TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
