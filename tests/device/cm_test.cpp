@@ -1318,6 +1318,43 @@ TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect)
   }
 }
 
+// Two clients, a and b, connected to one listener with their send and receive CQs shared
+// (ConnectionOptions::send_cq, recv_cq), and the server's connection of each.
+struct SharedCqClients {
+  SharedCqClients(Device& device, const TransportOptions& transport)
+      : scq(device, {.depth = 64, .with_channel = true}),
+        rcq(device, {.depth = 64, .with_channel = true}),
+        peers(connect_both(transport)),
+        a(std::move(peers.first.first)),
+        b(std::move(peers.first.second)),
+        for_a(std::move(peers.second.first)),
+        for_b(std::move(peers.second.second)) {}
+  /// The server's connections are a's and b's, in that order.
+  [[nodiscard]] bool in_order() const {
+    return for_a.peer_address() == a.local_address() && for_b.peer_address() == b.local_address();
+  }
+  cm::Listener listener{test_addr(), 0};
+  CompletionQueue scq, rcq;
+
+ private:
+  using Two = std::pair<cm::Connection, cm::Connection>;
+  std::pair<Two, Two> connect_both(const TransportOptions& transport) {
+    auto server = std::async(std::launch::async, [&] {
+      cm::Connection x = listener.accept(10s, {.transport = transport});
+      cm::Connection y = listener.accept(10s, {.transport = transport});
+      return Two(std::move(x), std::move(y));
+    });
+    const cm::ClientOptions shared{.connection = {.transport = transport, .send_cq = &scq, .recv_cq = &rcq}};
+    cm::Connection x = cm::connect(test_addr(), listener.port(), shared);
+    cm::Connection y = cm::connect(test_addr(), listener.port(), shared);
+    return {Two(std::move(x), std::move(y)), server.get()};
+  }
+  std::pair<Two, Two> peers;
+
+ public:
+  cm::Connection a, b, for_a, for_b;
+};
+
 // Two connections whose CQs are shared (ConnectionOptions::send_cq and recv_cq) exchange at
 // once from two threads: each exchange() polls the other's completions off the shared CQs (its
 // send, its receive of the peer's message), which must reach the other's exchange(), and wake
@@ -1330,22 +1367,10 @@ TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
   const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
   for (int round = 0; round < 40; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    cm::Listener listener(test_addr(), 0);
-    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
-    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
-    auto server = std::async(std::launch::async, [&] {
-      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
-      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
-      return std::pair(std::move(x), std::move(y));
-    });
-    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
-    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
-    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
-    auto peers = server.get();
-    cm::Connection& for_a = peers.first;
-    cm::Connection& for_b = peers.second;
-    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
-    ASSERT_EQ(for_b.peer_address(), b.local_address());
+    SharedCqClients p(*device, quick_rnr);
+    ASSERT_TRUE(p.in_order()) << "the listener took the requests out of order";
+    cm::Connection &a = p.a, &b = p.b, &for_a = p.for_a, &for_b = p.for_b;
+    [[maybe_unused]] CompletionQueue &rcq = p.rcq;
     constexpr auto rw = Access::local_write | Access::remote_write;
     auto ma = MemoryRegion::allocate(a.pd(), 64, rw), mb = MemoryRegion::allocate(b.pd(), 128, rw);
     auto sa = MemoryRegion::allocate(for_a.pd(), 256, rw), sb = MemoryRegion::allocate(for_b.pd(), 512, rw);
@@ -1394,22 +1419,10 @@ TEST_F(CmThreads, AWaitOnASharedCqAndAnotherConnectionsExchangeEachGetTheirOwn) 
   const TransportOptions quick_rnr{.min_rnr_timer = 12, .rnr_retry_count = 7};
   for (int round = 0; round < 16; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    cm::Listener listener(test_addr(), 0);
-    CompletionQueue scq(*device, {.depth = 64, .with_channel = true});
-    CompletionQueue rcq(*device, {.depth = 64, .with_channel = true});
-    auto server = std::async(std::launch::async, [&] {
-      cm::Connection x = listener.accept(10s, {.transport = quick_rnr});
-      cm::Connection y = listener.accept(10s, {.transport = quick_rnr});
-      return std::pair(std::move(x), std::move(y));
-    });
-    const cm::ClientOptions shared{.connection = {.transport = quick_rnr, .send_cq = &scq, .recv_cq = &rcq}};
-    cm::Connection a = cm::connect(test_addr(), listener.port(), shared);
-    cm::Connection b = cm::connect(test_addr(), listener.port(), shared);
-    auto peers = server.get();
-    cm::Connection& for_a = peers.first;
-    cm::Connection& for_b = peers.second;
-    ASSERT_EQ(for_a.peer_address(), a.local_address()) << "the listener took the requests out of order";
-    ASSERT_EQ(for_b.peer_address(), b.local_address());
+    SharedCqClients p(*device, quick_rnr);
+    ASSERT_TRUE(p.in_order()) << "the listener took the requests out of order";
+    cm::Connection &a = p.a, &b = p.b, &for_a = p.for_a, &for_b = p.for_b;
+    [[maybe_unused]] CompletionQueue &rcq = p.rcq;
 
     auto inbox = MemoryRegion::allocate(b.pd(), 64, Access::local_write);
     ASSERT_TRUE(b.qp().post_recv(inbox.slice(0, 64), 7).ok());
