@@ -252,8 +252,16 @@ struct HeldCompletions {
   /// For any connection's wait() or spin() on the CQ, in the order they were polled.
   std::deque<Completion> held;
   /// Requests of exchange() (wr_id exchange_wr_id) polled by anyone but the exchange() of their
-  /// QP: for the exchange() of the QP they belong to (qp_num), never for wait().
+  /// QP, while it runs: for that exchange() (by qp_num), never for wait().
   std::vector<Completion> reserved;
+  /// The QPs whose exchange() runs on the CQ (one entry per exchange()). An exchange request of
+  /// any other QP (a failed exchange()'s late one, a flushed one) is held for wait() instead: a
+  /// reservation nobody takes would wait for a new QP given the same number.
+  std::vector<std::uint32_t> exchanging_qps;
+  [[nodiscard]] bool reserves(const Completion& wc) const noexcept {
+    return wc.wr_id() == Connection::exchange_wr_id &&
+           std::find(exchanging_qps.begin(), exchanging_qps.end(), wc.qp_num()) != exchanging_qps.end();
+  }
   /// An eventfd of each connection on the CQ, written whenever something is kept: a thread asleep
   /// in wait() or exchange() on the CQ polls its connection's, and drains it before looking here.
   std::vector<int> wakers;
@@ -293,7 +301,7 @@ struct HeldCompletions {
       const auto wcs = first && arm ? q.arm_and_poll(out, ec) : q.poll(out, ec);
       if (ec || wcs.empty()) break;
       for (const Completion& wc : wcs) {
-        if (wc.wr_id() == Connection::exchange_wr_id) {
+        if (reserves(wc)) {
           try {
             reserved.push_back(wc);
             kept = true;
@@ -426,9 +434,10 @@ struct Connection::Impl {
       to_error();
       rdma_disconnect(id.get());
     }
-    qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
+    // Out of the stores first: what this QP's destruction flushes is not reserved for it.
     unlink_held(recv_held);
     if (send_held.store != recv_held.store) unlink_held(send_held);
+    qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
     if (over_fd >= 0) ::close(over_fd);
     if (gone_fd >= 0) ::close(gone_fd);
   }
@@ -660,18 +669,37 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
   struct Running {
     HeldCompletions* recv;
     HeldCompletions* send;  // null when it is the same CQ
-    explicit Running(HeldCompletions* r, HeldCompletions* s) noexcept : recv(r), send(s == r ? nullptr : s) {
-      recv->state.fetch_add(HeldCompletions::exchange_unit);
-      if (send != nullptr) send->state.fetch_add(HeldCompletions::exchange_unit);
+    std::uint32_t qpn;
+    Running(HeldCompletions* r, HeldCompletions* s, std::uint32_t q) : recv(r), send(s == r ? nullptr : s), qpn(q) {
+      enter(*recv);
+      if (send != nullptr) {
+        try {
+          enter(*send);
+        } catch (...) {
+          leave(*recv);
+          throw;
+        }
+      }
     }
     Running(const Running&) = delete;
     Running& operator=(const Running&) = delete;
     ~Running() {
-      recv->state.fetch_sub(HeldCompletions::exchange_unit);
-      if (send != nullptr) send->state.fetch_sub(HeldCompletions::exchange_unit);
+      leave(*recv);
+      if (send != nullptr) leave(*send);
+    }
+    void enter(HeldCompletions& h) const {
+      const std::lock_guard lock(h.mutex);
+      h.exchanging_qps.push_back(qpn);
+      h.state.fetch_add(HeldCompletions::exchange_unit);
+    }
+    void leave(HeldCompletions& h) const noexcept {
+      const std::lock_guard lock(h.mutex);
+      if (const auto it = std::find(h.exchanging_qps.begin(), h.exchanging_qps.end(), qpn); it != h.exchanging_qps.end())
+        h.exchanging_qps.erase(it);
+      h.state.fetch_sub(HeldCompletions::exchange_unit);
     }
   };
-  const Running running(c.recv_held.store.get(), c.send_held.store.get());
+  const Running running(c.recv_held.store.get(), c.send_held.store.get(), c.qp_num);
   qp().post_recv(mr.slice(n, n), exchange_wr_id).check(where);
   // Until both requests have completed, the region must stay registered, whatever is thrown.
   struct Retire {
@@ -733,7 +761,7 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
             continue;
           }
           kept = true;
-          if (wc.wr_id() == exchange_wr_id) {
+          if (store.reserves(wc)) {
             store.reserved.push_back(wc);
           } else {
             store.held.push_back(wc);
@@ -1138,17 +1166,19 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     // (accept(0ms) from an event loop would always do so).
     const milliseconds budget = impl_->handshake_timeout;
     const auto handshake_deadline = deadline_after(budget);
-    auto c = std::make_unique<Connection::Impl>();
+    std::unique_ptr<Connection::Impl> c;
     // Its own channel makes the connection independent of the listener and of the others. Until
-    // the request's id is the connection's, a failure (no descriptor left for the channel, say)
-    // rejects the request, so that the client hears at once, and destroys its id.
+    // the request's id is the connection's, a failure (no descriptor left for the channel, say,
+    // or no memory) rejects the request, so that the client hears at once, and destroys its id.
     try {
+      c = std::make_unique<Connection::Impl>();
       c->channel = make_channel(Phase::accept, where);
     } catch (...) {
       rdma_reject(req->id, nullptr, 0);
       rdma_destroy_id(req->id);
       throw;
     }
+    // (Should the shared_ptr's control block fail to allocate, its deleter destroys the id.)
     c->id = own_id(req->id, c->channel);
     if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
       const int err = errno;

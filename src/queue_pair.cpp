@@ -306,7 +306,8 @@ void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
   // connection: over IPv6 or a VLAN it is not choose_gid's pick).
   if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && attr.ah_attr.grh.sgid_index != gid_index_) {
     ibv_gid g{};
-    if (ibv_query_gid(qp_->context, port_, attr.ah_attr.grh.sgid_index, &g) == 0) {
+    const std::uint8_t port = (mask & IBV_QP_PORT) != 0 ? attr.port_num : port_;
+    if (ibv_query_gid(qp_->context, port, attr.ah_attr.grh.sgid_index, &g) == 0) {
       gid_index_ = attr.ah_attr.grh.sgid_index;
       local_.gid = Gid::from_native(g);
     }

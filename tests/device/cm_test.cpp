@@ -1407,6 +1407,38 @@ TEST_F(CmThreads, TwoConnectionsSharingCqsExchangeAtOnce) {
   }
 }
 
+// A failed exchange()'s request that completes late, polled by another connection's exchange()
+// on a shared CQ, is an ordinary completion for wait() (wr_id exchange_wr_id), not kept for an
+// exchange() of that QP that no longer runs (a QP given the same number later would take it).
+TEST_F(Cm, AFailedExchangesLateRequestPolledByAnotherExchangeIsLeftForWait) {
+  // Sends wait for receives here for up to a second: on rxe each ACK timeout spent in RNR waits
+  // costs a transport retry, so those are unlimited too (7; every wait below has a deadline).
+  const TransportOptions quick_rnr{.min_rnr_timer = 12, .retry_count = 7, .rnr_retry_count = 7};
+  SharedCqClients p(*device, quick_rnr);
+  ASSERT_TRUE(p.in_order()) << "the listener took the requests out of order";
+  constexpr auto rw = Access::local_write | Access::remote_write;
+  auto ma = MemoryRegion::allocate(p.a.pd(), 64, rw), mb = MemoryRegion::allocate(p.b.pd(), 64, rw);
+  auto sb = MemoryRegion::allocate(p.for_b.pd(), 64, rw);
+  // a's peer never exchanges: a's send meets RNR (retried forever), and the exchange times out.
+  const auto e = connect_error([&] { (void)p.a.exchange(ma.remote(), 300ms); });
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->code(), std::errc::timed_out) << e->what();
+  // b exchanges; its peer answers only later, so b's exchange() is still running when a's
+  // peer posts a receive, and a's late send completes into the shared send CQ.
+  auto on_b = std::async(std::launch::async, [&] { return p.b.exchange(mb.remote(), 10s); });
+  std::this_thread::sleep_for(200ms);
+  auto inbox = MemoryRegion::allocate(p.for_a.pd(), 64, Access::local_write);
+  ASSERT_TRUE(p.for_a.qp().post_recv(inbox.slice(0, 64), 1).ok());
+  std::this_thread::sleep_for(300ms);
+  auto on_sb = std::async(std::launch::async, [&] { return p.for_b.exchange(sb.remote(), 10s); });
+  EXPECT_EQ(on_b.get(), sb.remote());
+  EXPECT_EQ(on_sb.get(), mb.remote());
+  const auto late = p.a.wait_one(p.scq, 5s);
+  ASSERT_TRUE(late.has_value()) << "a's late exchange send was kept for an exchange() that no longer runs";
+  EXPECT_EQ(late->wr_id(), cm::Connection::exchange_wr_id);
+  EXPECT_TRUE(late->ok()) << static_cast<int>(late->status());
+}
+
 // A thread waits on a shared receive CQ through connection b (for a message b's peer sends)
 // while connection a, on the same CQs, exchange()s from another thread. Whichever polls first,
 // each must get its own, and soon: a's exchange() must not take b's receive from the waiter (it

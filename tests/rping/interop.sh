@@ -39,10 +39,12 @@ run() {
   shift
   "${rping_cmd[@]}" "$@"
 }
+# Run in the background: exec, so that $! is the server (or its pair exec), which the EXIT
+# trap's kill reaches.
 serve() {
   rping_of "$1"
   shift
-  "${on_server[@]}" "${rping_cmd[@]}" "$@"
+  exec "${on_server[@]}" "${rping_cmd[@]}" "$@"
 }
 
 # A port nobody else in this run uses: tests run one at a time in the VM, but be safe.

@@ -13,7 +13,7 @@ timeout 1200 "$top/bench/compare" --connect "${VERBS_PEER_ADDR:?run under script
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || { echo "FAIL: bench/compare --connect exited with $rc"; exit 1; }
 for t in write_lat write_bw read_lat read_bw send_lat send_bw write_rate_batched; do
-  grep -q "^ratio $t [0-9.]*$" "$log" || { echo "FAIL: no 'ratio $t' line"; exit 1; }
+  grep -Eq "^ratio $t [0-9.]+$" "$log" || { echo "FAIL: no 'ratio $t' line"; exit 1; }
 done
 grep -q '"two_hosts": true' "$out/compare.json" || { echo "FAIL: compare.json does not say two hosts"; exit 1; }
 echo "compare across the wire: passed"

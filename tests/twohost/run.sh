@@ -13,4 +13,5 @@ done
 [[ ${1:-} == -- ]] || { echo "usage: run.sh [rxe-pair options] -- CMD [ARGS...]" >&2; exit 2; }
 shift
 printf -v cmd ' %q' "$@"
-exec "$top/scripts/rxe-pair" "${opts[@]}" --b "${cmd# }"
+# Each VM's limit stays under ctest's (900 s), so that a hang ends with rxe-pair's own report.
+exec "$top/scripts/rxe-pair" --timeout 780 "${opts[@]}" --b "${cmd# }"

@@ -46,7 +46,7 @@ add_test(NAME twohost.compare
 foreach(case loss1 loss5 delay reorder duplicate link_down_fails host_killed server_survives
              connect_down_host connect_no_listener soak)
   add_test(NAME twohost.fault.${case}
-           COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer>)
+           COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
 endforeach()
 
 get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)

@@ -163,6 +163,7 @@ int serve(const Options& o) {
            }}));
     } catch (const std::exception& e) {
       say("wire_peer: accept failed: %s\n", e.what());  // the next one may work
+      std::this_thread::sleep_for(200ms);                 // not a hot loop on a broken listener
       continue;
     }
     ++accepted;
