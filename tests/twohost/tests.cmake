@@ -41,9 +41,10 @@ add_test(NAME twohost.compare
 # the link down, a host that loses power, connects that cannot succeed, and a soak.
 # Not link_down_survives (faults.sh runs it by hand): on SoftRoCE a QP that sends while its netdev
 # is down fails at once with LOC_QP_OP_ERR (rxe cannot transmit), so the outage ends the
-# connections whatever the retry budget; and once a new connection to the same listener after
-# the flap got no answer. Both are rxe's to look into, on a NIC the case is meaningful.
-foreach(case loss1 loss5 delay reorder duplicate link_down_fails host_killed server_survives
+# connections whatever the retry budget; and after such a flap, twice, rdma_cm on that host
+# answered no new connection request. Both are rxe's to look into; on a NIC the case is
+# meaningful. The 12 s outage is therefore a cut wire (netem loss 100%), link_cut_fails.
+foreach(case loss1 loss5 delay reorder duplicate link_cut_fails host_killed server_survives
              connect_down_host connect_no_listener soak)
   add_test(NAME twohost.fault.${case}
            COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
