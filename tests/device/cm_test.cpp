@@ -26,6 +26,15 @@ namespace {
 using cm::ConnectError;
 using cm::Phase;
 
+// The sanitized build (scripts/test's ASan+UBSan one).
+#if defined(__SANITIZE_ADDRESS__)
+#define VERBS_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define VERBS_TEST_ASAN 1
+#endif
+#endif
+
 std::string test_addr() {
   const char* a = std::getenv("VERBS_TEST_ADDR");
   return a != nullptr && *a != '\0' ? a : "192.0.2.1";
@@ -1171,6 +1180,13 @@ TEST_F(Cm, ErrorsRecordTheCallersLine) {
 // unanswered until the client's timeout, and keeps nothing of the request: the next client is
 // served.
 TEST_F(Cm, AcceptThatCannotOpenItsChannelRejectsTheRequestAndServesTheNext) {
+#ifdef VERBS_TEST_ASAN
+  // With no descriptor free, the sanitizers' runtime cannot check memory (it tests readability
+  // through a pipe): UBSan then calls the error category's vptr invalid when accept() builds
+  // its message. Measured: "member call on address ... which does not point to an object of
+  // type 'std::error_category'", from <system_error>. The plain build runs it.
+  GTEST_SKIP() << "exhausts file descriptors, which the sanitizers' runtime needs";
+#endif
   cm::Listener listener(test_addr(), 0);
   auto client = std::async(std::launch::async, [&] {
     const auto t0 = std::chrono::steady_clock::now();
@@ -1543,14 +1559,6 @@ long resident_kib() {
   }
   return resident * (::sysconf(_SC_PAGESIZE) / 1024);
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define VERBS_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define VERBS_TEST_ASAN 1
-#endif
-#endif
 
 TEST_F(Cm, ThousandConnectDisconnectCyclesLeakNothing) {
   const int cycles = std::getenv("VERBS_CM_CYCLES") != nullptr ? std::atoi(std::getenv("VERBS_CM_CYCLES")) : 1000;
