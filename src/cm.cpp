@@ -198,6 +198,21 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
   return detail::frame_cm_private_data(o.expose, o.private_data);
 }
 
+/// The private data of `o` with the path MTU tag `tag` in front (cm_private_data.hpp): this
+/// side takes a smaller path MTU than the peer would use without it.
+std::vector<std::byte> frame_with_mtu(const ConnectionOptions& o, std::size_t limit, Mtu tag, Mtu assumed, Phase phase,
+                                      SourceLocation where) {
+  const std::size_t n = o.private_data.size() + (o.expose ? RemoteSlice::wire_size : 0);
+  if (n + detail::mtu_tag_size > limit)
+    fail(EMSGSIZE, phase,
+         "this side takes a path MTU of " + std::to_string(mtu_bytes(tag)) + " bytes, below the peer's " +
+             std::to_string(mtu_bytes(assumed)) + " (a smaller MTU here, or TransportOptions::path_mtu), and needs " +
+             std::to_string(detail::mtu_tag_size) + " bytes of the private data to tell it; " + std::to_string(n) +
+             " of the " + std::to_string(limit) + " are taken (set the same MTU on both hosts, or send less)",
+         where);
+  return detail::frame_cm_private_data(o.expose, o.private_data, tag);
+}
+
 /// The connection parameters of a connect, or (with the request) of an accept: the depths of
 /// the options, capped by the device and, answering a request, by what the request offers
 /// (rdma_accept(3)): never more reads in flight than the peer can take, nor more resources
@@ -414,6 +429,10 @@ struct Connection::Impl {
   bool established = false;
   TransportOptions transport;
   std::uint8_t responder = 0, initiator = 0;  // read/atomic depths of the handshake
+  // Path MTUs: the peer's tag (the most it takes, when below what it expects of us); after RTR,
+  // the QP's, and the one the peer would use without a tag from us (see mtu_limit()).
+  std::optional<Mtu> peer_mtu;
+  ibv_mtu rtr_mtu = IBV_MTU_4096, peer_assumes = IBV_MTU_4096;
   // What the events have told, written by whichever thread reads them (wait() and
   // poll_events() may run in several threads at once, e.g. one per CQ): atomics.
   std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
@@ -567,7 +586,13 @@ struct Connection::Impl {
         a.max_dest_rd_atomic = (mask & IBV_QP_MAX_DEST_RD_ATOMIC) != 0 ? std::min(a.max_dest_rd_atomic, responder)
                                                                          : responder;
         mask |= IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_DEST_RD_ATOMIC;
-        if (t.path_mtu) a.path_mtu = static_cast<ibv_mtu>(*t.path_mtu);
+        if ((mask & IBV_QP_PATH_MTU) != 0) {
+          const ibv_mtu route = a.path_mtu;
+          a.path_mtu = mtu_limit(route);
+          if (peer_mtu) a.path_mtu = std::min(a.path_mtu, static_cast<ibv_mtu>(*peer_mtu));
+          rtr_mtu = a.path_mtu;
+          peer_assumes = peer_mtu ? std::min(route, static_cast<ibv_mtu>(*peer_mtu)) : route;
+        }
         if (t.service_level) a.ah_attr.sl = *t.service_level;
         if (t.traffic_class) a.ah_attr.grh.traffic_class = *t.traffic_class;
         if (t.hop_limit) a.ah_attr.grh.hop_limit = *t.hop_limit;
@@ -582,6 +607,18 @@ struct Connection::Impl {
       default: break;
     }
     qp->modify(a, mask | IBV_QP_STATE, where);
+  }
+
+  /// The largest path MTU this side takes, given the route's: TransportOptions::path_mtu, or
+  /// the smaller of the route's and this port's active MTU. The route's is the client's (rdma_cm
+  /// puts the client's in the request, and the server takes it): a server whose netdev carries
+  /// less would send packets it cannot transmit, and the client's would be refused by its
+  /// responder (measured between a 9000-byte and a 1500-byte host: a 4 KiB read ended in
+  /// RNR_RETRY_EXC after 3 s; once the server alone was capped, a 4 KiB write in REM_INV_REQ).
+  /// So a side that takes less says so with a tag (cm_private_data.hpp), and the peer uses it.
+  [[nodiscard]] ibv_mtu mtu_limit(ibv_mtu route) const noexcept {
+    if (transport.path_mtu) return static_cast<ibv_mtu>(*transport.path_mtu);
+    return std::min(route, static_cast<ibv_mtu>(qp->endpoint().mtu));
   }
 
   /// INIT -> RTR -> RTS, with the depths of the handshake (`p`, as this side sends or sent it).
@@ -603,6 +640,7 @@ struct Connection::Impl {
   /// The peer's private data: an exposed slice first (when it decodes as one), then the rest.
   void take_private_data(std::vector<std::byte> data) {
     detail::CmPeerPrivateData p = detail::parse_cm_private_data(std::move(data));
+    peer_mtu = p.path_mtu;
     if (p.remote) peer_remote = p.remote;
     peer_private = std::move(p.rest);
   }
@@ -1063,14 +1101,22 @@ Connection connect(std::string_view host, std::uint16_t port, const ClientOption
 
   c->build(o.connection, Phase::connect, where);
   if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
-  rdma_conn_param p = conn_param(o.connection, data, *c->device, *c->qp);
+  // The request carries the route's MTU, this side's active one; taking less, say so.
+  std::vector<std::byte> tagged;
+  if (c->id->route.num_paths > 0 && c->id->route.path_rec != nullptr) {
+    const auto route = static_cast<ibv_mtu>(c->id->route.path_rec[0].mtu);
+    if (const ibv_mtu mine = c->mtu_limit(route); mine < route)
+      tagged = frame_with_mtu(o.connection, max_connect_private_data, static_cast<Mtu>(mine), static_cast<Mtu>(route),
+                              Phase::connect, where);
+  }
+  rdma_conn_param p = conn_param(o.connection, tagged.empty() ? data : tagged, *c->device, *c->qp);
   if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
   // With no QP on the id, librdmacm hands the reply over as it is: the QP reaches RTS with this
   // side's attributes only, and then rdma_establish(3) sends the RTU.
   Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_CONNECT_RESPONSE, deadline, Phase::connect, o.timeout, where);
+  c->take_private_data(std::move(e.private_data));  // before RTR: it may carry the server's MTU
   c->to_rts(p, Phase::connect, where);
   if (rdma_establish(c->id.get()) != 0) fail(errno, Phase::connect, target + ": rdma_establish", where);
-  c->take_private_data(std::move(e.private_data));
   c->on_established();
   return Connection(std::move(c));
 }
@@ -1200,8 +1246,16 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     rdma_conn_param p = conn_param(o, data, *c->device, *c->qp, &*req);
     // In RTS before the reply goes: the client may send (or write) as soon as it has it, before
     // ESTABLISHED reaches us.
+    std::vector<std::byte> tagged;
     try {
       c->to_rts(p, Phase::accept, where);
+      // The client uses the request's MTU (its own) unless told: taking less, say so.
+      if (c->rtr_mtu < c->peer_assumes) {
+        tagged = frame_with_mtu(o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu),
+                                static_cast<Mtu>(c->peer_assumes), Phase::accept, where);
+        p.private_data = tagged.data();
+        p.private_data_len = static_cast<std::uint8_t>(tagged.size());
+      }
     } catch (...) {
       rdma_reject(c->id.get(), nullptr, 0);
       throw;

@@ -96,7 +96,11 @@ struct Endpoint {
 ///   RNR waits at least 491.52 ms, so post receives ahead; lower min_rnr_timer (e.g. 12,
 ///   0.64 ms) to retry sooner with a correspondingly shorter budget.
 struct TransportOptions {
-  std::optional<Mtu> path_mtu = std::nullopt;  ///< default: the smaller of both ports' active MTU (cm: the route's)
+  /// Default: the smaller of both ports' active MTU. cm: the smaller of the route's (the
+  /// client's active MTU) and this port's, so neither side sends more than its netdev carries;
+  /// a client with the larger MTU still sends its own size to the server: set the same MTU on
+  /// both hosts (`verbs-info --check --peer HOST` compares them).
+  std::optional<Mtu> path_mtu = std::nullopt;
   /// Reads/atomics this side may have in flight (max_rd_atomic); default min(16, device)
   /// (cm: also within what the peer offers).
   std::optional<std::uint8_t> initiator_depth = std::nullopt;

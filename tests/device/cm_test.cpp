@@ -1270,6 +1270,84 @@ TEST_F(Cm, QpReportsTheGidRdmaCmResolved) {
   EXPECT_TRUE(got->ok()) << static_cast<int>(got->status());
 }
 
+// The path MTU of a connection is the smaller of what each side can take. rdma_cm gives the
+// server the client's MTU (the route's); a side that takes less (a smaller netdev MTU on its
+// host, or TransportOptions::path_mtu) tells the other in the handshake. Without that, the side
+// with the larger MTU sends packets the other's responder rejects (REM_INV_REQ at once; on the
+// wire, a 1500-byte host's reads to a 9000-byte one were lost until the retries ran out).
+// (Writes: rxe's responder checks a write's packets against its QP's path MTU, not a send's.)
+void check_writes_both_ways(cm::Connection& a, cm::Connection& b, std::size_t bytes) {
+  for (auto [from, to] : {std::pair{&a, &b}, std::pair{&b, &a}}) {
+    auto in = MemoryRegion::allocate(to->pd(), bytes, Access::local_write | Access::remote_write);
+    auto out = MemoryRegion::allocate(from->pd(), bytes, Access::local_write);
+    for (std::size_t i = 0; i < bytes; ++i) out.bytes()[i] = static_cast<std::byte>(i * 7 + 1);
+    ASSERT_TRUE(from->qp().post_write(out.slice(0, bytes), in.remote().slice(0, bytes), {.wr_id = 2}).ok());
+    const auto done = from->wait_one(from->send_cq(), 10s);
+    ASSERT_TRUE(done.has_value()) << "no write completion";
+    ASSERT_TRUE(done->ok()) << "write of " << bytes << " bytes: " << done->error_code().message();
+    EXPECT_TRUE(std::equal(in.bytes().begin(), in.bytes().end(), out.bytes().begin()));
+  }
+}
+
+cm::ConnectionOptions writable(std::optional<Mtu> mtu = std::nullopt) {
+  return {.qp = {.access = Access::remote_write}, .transport = {.path_mtu = mtu}};
+}
+
+TEST_F(Cm, AServerThatTakesASmallerMtuHasTheClientWriteAtIt) {
+  if (mtu_bytes(device->port(1).active_mtu) < 1024) GTEST_SKIP() << "active MTU below 1024";
+  cm::Listener listener(test_addr(), 0);
+  // With an exposed slice and private data too: the tag goes in front of both.
+  ProtectionDomain pd(*device);
+  auto region = MemoryRegion::allocate(pd, 64, Access::local_write | Access::remote_read);
+  const std::vector<std::byte> hello = bytes_of("hi");
+  auto server = std::async(std::launch::async, [&] {
+    cm::ConnectionOptions o = writable(Mtu::mtu512);
+    o.expose = region.remote();
+    o.private_data = hello;
+    o.pd = &pd;
+    return listener.accept(10s, o);
+  });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = writable()});
+  cm::Connection conn = server.get();
+  EXPECT_EQ(client.remote(), region.remote());
+  ASSERT_GE(client.peer_private_data().size(), hello.size());  // zero-padded by the transport
+  EXPECT_TRUE(std::equal(hello.begin(), hello.end(), client.peer_private_data().begin()));
+  check_writes_both_ways(client, conn, 1000);
+}
+
+// The tag takes 4 bytes of the private data: a server that must send it and has no room says
+// so, and the client hears a rejection at once.
+TEST_F(Cm, AServerThatMustTellItsMtuWithNoRoomLeftRejectsSayingWhy) {
+  if (mtu_bytes(device->port(1).active_mtu) < 1024) GTEST_SKIP() << "active MTU below 1024";
+  cm::Listener listener(test_addr(), 0);
+  const std::vector<std::byte> full(cm::max_accept_private_data, std::byte{1});
+  auto server = std::async(std::launch::async, [&] {
+    cm::ConnectionOptions o = writable(Mtu::mtu512);
+    o.private_data = full;
+    return listener.accept(10s, o);
+  });
+  std::error_code ec;
+  EXPECT_FALSE(cm::connect(test_addr(), listener.port(), {.timeout = 10s}, ec).has_value());
+  EXPECT_EQ(ec, std::errc::connection_refused) << ec.message();
+  try {
+    (void)server.get();
+    ADD_FAILURE() << "accept succeeded";
+  } catch (const cm::ConnectError& e) {
+    EXPECT_EQ(e.code(), std::errc::message_size) << e.what();
+    EXPECT_NE(std::string(e.what()).find("path MTU of 512 bytes, below the peer's 1024"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Cm, AClientThatTakesASmallerMtuHasTheServerWriteAtIt) {
+  if (mtu_bytes(device->port(1).active_mtu) < 1024) GTEST_SKIP() << "active MTU below 1024";
+  cm::Listener listener(test_addr(), 0);
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, writable()); });
+  cm::Connection client =
+      cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = writable(Mtu::mtu512)});
+  cm::Connection conn = server.get();
+  check_writes_both_ways(client, conn, 1000);
+}
+
 // Threads (suite CmThreads, run under ThreadSanitizer by scripts/test): the common pattern of
 // one thread sending and waiting on send_cq while another receives and waits on recv_cq, on one
 // connection. Both must see the peer's disconnect, and soon, whichever of them reads the event:

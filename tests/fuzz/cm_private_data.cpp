@@ -1,6 +1,7 @@
-// rdma_cm private data as cm::Connection parses the peer's (src/cm_private_data.hpp): an
-// exposed slice is taken only when the first 24 bytes decode as one and then re-encode to
-// them; nothing is lost or invented; and the framing round-trips what a peer sends.
+// rdma_cm private data as cm::Connection parses the peer's (src/cm_private_data.hpp): a path MTU
+// tag is taken only when the first 4 bytes are one, and an exposed slice only when the next 24
+// bytes decode as one and then re-encode to them; nothing is lost or invented; and the framing
+// round-trips what a peer sends.
 #include <algorithm>
 
 #include "cm_private_data.hpp"
@@ -13,21 +14,35 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   // The peer's bytes, as rdma_cm delivers them.
   const verbs::detail::CmPeerPrivateData got =
       verbs::detail::parse_cm_private_data(std::vector<std::byte>(in.begin(), in.end()));
+  std::span<const std::byte> body = in;
+  if (got.path_mtu) {
+    FUZZ_CHECK(size >= verbs::detail::mtu_tag_size);
+    const auto t = verbs::detail::encode_mtu_tag(*got.path_mtu);
+    FUZZ_CHECK(std::equal(t.begin(), t.end(), in.begin()));
+    const auto m = static_cast<unsigned>(*got.path_mtu);
+    FUZZ_CHECK(m >= 1 && m <= 5);
+    body = in.subspan(verbs::detail::mtu_tag_size);
+  } else {
+    FUZZ_CHECK(!verbs::detail::decode_mtu_tag(in));
+  }
   if (got.remote) {
-    FUZZ_CHECK(size >= n);
+    FUZZ_CHECK(body.size() >= n);
     const verbs::RemoteSlice::Wire w = got.remote->encode();
-    FUZZ_CHECK(std::equal(w.begin(), w.end(), in.begin(), in.begin() + n));
-    FUZZ_CHECK(std::equal(got.rest.begin(), got.rest.end(), in.begin() + n, in.end()));
+    FUZZ_CHECK(std::equal(w.begin(), w.end(), body.begin(), body.begin() + n));
+    FUZZ_CHECK(std::equal(got.rest.begin(), got.rest.end(), body.begin() + n, body.end()));
   } else {
     std::error_code ec;
-    FUZZ_CHECK(size < n || !verbs::RemoteSlice::decode(in.first(n), ec));
-    FUZZ_CHECK(std::equal(got.rest.begin(), got.rest.end(), in.begin(), in.end()));
+    FUZZ_CHECK(body.size() < n || !verbs::RemoteSlice::decode(body.first(n), ec));
+    FUZZ_CHECK(std::equal(got.rest.begin(), got.rest.end(), body.begin(), body.end()));
   }
 
   // What a peer frames arrives as it was meant: with the first byte choosing an exposed slice
-  // (from the next 24 bytes) and the rest as the user's bytes.
+  // (from the next 24 bytes) and a path MTU tag (its value from bits 2..4), and the rest as the
+  // user's bytes.
   if (size == 0) return 0;
   const bool expose = (data[0] & 1) != 0;
+  std::optional<verbs::Mtu> tag;
+  if ((data[0] & 2) != 0) tag = static_cast<verbs::Mtu>(1 + ((data[0] >> 2) & 7) % 5);
   std::optional<verbs::RemoteSlice> slice;
   std::span<const std::byte> user = in.subspan(1);
   if (expose) {
@@ -38,13 +53,15 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
     user = in.subspan(std::min(size, std::size_t{21}));
   }
   const verbs::detail::CmPeerPrivateData back =
-      verbs::detail::parse_cm_private_data(verbs::detail::frame_cm_private_data(slice, user));
-  // Without an exposed slice, user bytes that begin with a valid slice's wire form would be read
-  // as one (the framing has no "slice present" flag): cm refuses to send them.
+      verbs::detail::parse_cm_private_data(verbs::detail::frame_cm_private_data(slice, user, tag));
+  // Without an exposed slice, user bytes that begin with a valid slice's wire form or a valid
+  // tag would be read as one (the framing has no "present" flags): cm refuses to send them.
   std::error_code ec;
-  const bool ambiguous = !slice && user.size() >= n && verbs::RemoteSlice::decode(user.first(n), ec);
+  const bool ambiguous = !slice && ((user.size() >= n && verbs::RemoteSlice::decode(user.first(n), ec)) ||
+                                    verbs::detail::decode_mtu_tag(user).has_value());
   FUZZ_CHECK(ambiguous == verbs::detail::cm_private_data_ambiguous(slice, user));
   if (!ambiguous) {
+    FUZZ_CHECK(back.path_mtu == tag);
     FUZZ_CHECK(back.remote == slice);
     FUZZ_CHECK(std::equal(back.rest.begin(), back.rest.end(), user.begin(), user.end()));
   }
