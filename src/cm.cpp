@@ -192,8 +192,12 @@ std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phas
              " bytes; nothing was sent", where);
   if (detail::cm_private_data_ambiguous(o.expose, o.private_data))
     fail(EINVAL, phase,
-         "the private data begins with the wire form of a RemoteSlice, which the peer would take for an exposed "
-         "slice (ConnectionOptions::expose): use .expose for a slice, or start the data differently; nothing was sent",
+         detail::decode_mtu_tag(o.private_data)
+             ? "the private data begins with the path MTU tag verbs sends (\"VM\", 1, an MTU), which the peer would "
+               "take for one: start the data differently; nothing was sent"
+             : "the private data begins with the wire form of a RemoteSlice, which the peer would take for an exposed "
+               "slice (ConnectionOptions::expose): use .expose for a slice, or start the data differently; nothing "
+               "was sent",
          where);
   return detail::frame_cm_private_data(o.expose, o.private_data);
 }

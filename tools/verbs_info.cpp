@@ -1,14 +1,22 @@
 // verbs-info: the RDMA devices, ports, GID tables and limits as the verbs library sees them, and
 // a diagnosis of the setup (--check) that says what is wrong and how to fix it.
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/ip_icmp.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -26,13 +34,15 @@ namespace {
 constexpr int exit_ok = 0, exit_problems = 1, exit_no_device = 2, exit_usage = 64;
 
 constexpr const char* usage_text =
-    "Usage: verbs-info [--json] [--check] [-d DEVICE]\n"
+    "Usage: verbs-info [--json] [--check] [--peer HOST] [-d DEVICE]\n"
     "\n"
     "Lists the RDMA devices, their ports (state, MTU, link layer, speed, netdev), GID tables,\n"
     "the GID the verbs library would choose and why, and the device limits; then how long a\n"
     "request can take to fail with the library's default TransportOptions (verbs::failure_bound).\n"
     "\n"
     "  --check        diagnose the setup instead: each problem with what to do about it\n"
+    "  --peer HOST    with --check (implied), compare this host's MTU with HOST's (IPv4) by ICMP\n"
+    "                 echo: the reply to a 9000-byte echo comes back in fragments of HOST's MTU\n"
     "  --json         the same as JSON on stdout (devices, checks, healthy, defaults)\n"
     "  -d DEVICE      only this device\n"
     "  -h, --help     this text\n"
@@ -430,6 +440,191 @@ std::vector<Finding> diagnose(const std::vector<DeviceReport>& devices) {
   return out;
 }
 
+// ---- the peer's MTU (--peer HOST) ---------------------------------------------------------------
+
+// The RDMA MTU rxe (and RoCE generally) derives from a netdev MTU: the largest of 256..4096 that
+// leaves room for the RoCE v2 headers.
+unsigned rdma_mtu_for(unsigned netdev_mtu) {
+  for (unsigned m = 4096; m >= 256; m /= 2)
+    if (netdev_mtu >= m + roce_headers) return m;
+  return 0;
+}
+
+std::uint16_t icmp_checksum(const unsigned char* p, std::size_t n) {
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i + 1 < n; i += 2) sum += static_cast<std::uint32_t>(p[i] << 8 | p[i + 1]);
+  if ((n & 1) != 0) sum += static_cast<std::uint32_t>(p[n - 1] << 8);
+  while ((sum >> 16) != 0) sum = (sum & 0xffff) + (sum >> 16);
+  return htons(static_cast<std::uint16_t>(~sum));
+}
+
+// One ICMP echo to `to` with `payload` bytes, fragmented here as needed (no DF), and the answer:
+// empty when none came within `wait`; else the size of the largest fragment the reply came in
+// (0: the reply was not fragmented). An ICMP socket when this group may have one
+// (net.ipv4.ping_group_range), else a raw one (root).
+struct EchoReply {
+  unsigned largest_fragment = 0;
+};
+std::optional<EchoReply> echo(const sockaddr_in& to, std::size_t payload, std::chrono::milliseconds wait,
+                              std::string& error) {
+  bool raw = false;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_ICMP);
+  if (fd < 0) {
+    fd = ::socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_ICMP);
+    raw = true;
+  }
+  if (fd < 0) {
+    error = std::string("cannot open an ICMP socket (") + std::strerror(errno) +
+            "): this group may not use ping sockets (sysctl net.ipv4.ping_group_range) and is not root";
+    return std::nullopt;
+  }
+  const int on = 1, dont = IP_PMTUDISC_DONT;
+  ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &dont, sizeof dont);
+  ::setsockopt(fd, IPPROTO_IP, IP_RECVFRAGSIZE, &on, sizeof on);
+  const auto id = static_cast<std::uint16_t>(::getpid());
+  static std::uint16_t seq = 0;
+  const std::uint16_t my_seq = ++seq;
+  std::vector<unsigned char> req(sizeof(icmphdr) + payload);
+  for (std::size_t i = sizeof(icmphdr); i < req.size(); ++i) req[i] = static_cast<unsigned char>(i);
+  icmphdr h{};
+  h.type = ICMP_ECHO;
+  h.un.echo.id = htons(id);
+  h.un.echo.sequence = htons(my_seq);
+  std::memcpy(req.data(), &h, sizeof h);
+  const std::uint16_t sum = icmp_checksum(req.data(), req.size());
+  std::memcpy(req.data() + offsetof(icmphdr, checksum), &sum, sizeof sum);
+  std::optional<EchoReply> out;
+  if (::sendto(fd, req.data(), req.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) < 0) {  // NOLINT
+    error = std::string("sending an ICMP echo failed: ") + std::strerror(errno);
+    ::close(fd);
+    return std::nullopt;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::vector<unsigned char> buf(req.size() + 128);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    iovec v{buf.data(), buf.size()};
+    alignas(cmsghdr) char control[128];
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(fd, &m, 0);
+    if (n < 0) continue;
+    std::size_t at = 0;  // a raw socket gives the IP header too
+    if (raw) {
+      if (n < 20) continue;
+      at = static_cast<std::size_t>(buf[0] & 0x0f) * 4;
+    }
+    if (static_cast<std::size_t>(n) < at + sizeof(icmphdr)) continue;
+    icmphdr r{};
+    std::memcpy(&r, buf.data() + at, sizeof r);
+    // A ping socket's replies are its own (the kernel sets and matches the id); a raw socket's
+    // must be picked out.
+    if (r.type != ICMP_ECHOREPLY || ntohs(r.un.echo.sequence) != my_seq || (raw && ntohs(r.un.echo.id) != id)) continue;
+    EchoReply e;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c))
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_RECVFRAGSIZE) {
+        int f = 0;
+        std::memcpy(&f, CMSG_DATA(c), sizeof f);
+        e.largest_fragment = static_cast<unsigned>(f);
+      }
+    out = e;
+    break;
+  }
+  ::close(fd);
+  return out;
+}
+
+// The netdev this host reaches `to` through (the route's source address, then its interface);
+// `is_local` set when `to` is one of this host's own addresses.
+std::optional<Netdev> netdev_towards(const sockaddr_in& to, bool& is_local) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  sockaddr_in probe = to, local{};
+  probe.sin_port = htons(4791);
+  socklen_t len = sizeof local;
+  const bool routed = ::connect(fd, reinterpret_cast<const sockaddr*>(&probe), sizeof probe) == 0 &&  // NOLINT
+                      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;            // NOLINT
+  ::close(fd);
+  if (!routed) return std::nullopt;
+  is_local = local.sin_addr.s_addr == to.sin_addr.s_addr;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<Netdev> out;
+  for (ifaddrs* i = list; i != nullptr && !out; i = i->ifa_next)
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == local.sin_addr.s_addr) {  // NOLINT
+      Netdev n{i->ifa_name, std::nullopt, read_line(std::string("/sys/class/net/") + i->ifa_name + "/operstate").value_or("unknown")};
+      if (auto mtu = read_line(std::string("/sys/class/net/") + i->ifa_name + "/mtu")) n.mtu = static_cast<unsigned>(std::stoul(*mtu));
+      out = n;
+    }
+  ::freeifaddrs(list);
+  return out;
+}
+
+// What the MTU check says of `host`: the largest fragment of the reply to a 9000-byte echo is
+// the peer's MTU (the peer fragments its reply at its own; this host's at its own), or the reply
+// is whole: the peer's MTU is 9000 or more.
+std::vector<Finding> diagnose_peer(const std::string& host) {
+  const std::string subject = "peer " + host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr)
+    return {{"peer_unknown", false, subject, "cannot resolve " + host + " to an IPv4 address",
+             "give an IPv4 address or name (IPv6 peers are not probed)"}};
+  sockaddr_in to{};
+  std::memcpy(&to, res->ai_addr, sizeof to);
+  ::freeaddrinfo(res);
+  bool is_local = false;
+  const std::optional<Netdev> nd = netdev_towards(to, is_local);
+  if (!nd || !nd->mtu)
+    return {{"peer_no_route", false, subject, "no route to " + host + " from this host",
+             "check `ip route get " + host + "`"}};
+  if (is_local) return {{"peer_mtu", true, subject, host + " is this host's own address: nothing to compare", ""}};
+  const unsigned mine = *nd->mtu;
+  std::string error;
+  // Three tries each (an echo can be lost like any packet), 1 s apiece.
+  std::optional<EchoReply> small;
+  for (int i = 0; i < 3 && !small && error.empty(); ++i) small = echo(to, 56, std::chrono::seconds(1), error);
+  if (!small)
+    return {{"peer_unreachable", false, subject,
+             error.empty() ? host + " answered no ICMP echo in 3 s (down, or echoes filtered): its MTU cannot be compared"
+                           : error,
+             error.empty() ? "check that " + host + " is up (`ping " + host + "`), or compare `ip link show` on both hosts"
+                           : "run as root, or allow this group ICMP sockets: `sysctl net.ipv4.ping_group_range='0 2147483647'`"}};
+  constexpr std::size_t probe = 9000 - 28;  // IPv4 20 + ICMP 8
+  std::optional<EchoReply> big;
+  for (int i = 0; i < 3 && !big && error.empty(); ++i) big = echo(to, probe, std::chrono::seconds(1), error);
+  const std::string here = "this host's " + nd->name + " MTU " + std::to_string(mine) + " (RDMA MTU " +
+                           std::to_string(rdma_mtu_for(mine)) + ")";
+  const std::string fix = "set the same MTU on both hosts' netdevs (`ip link set <netdev> mtu <N>`; 1500 for RDMA "
+                          "MTU 1024, 9000 for 4096). verbs connections use the smaller MTU on their own; "
+                          "another program's packets of the larger one are dropped or refused";
+  if (!big)
+    return {{"peer_mtu_mismatch", false, subject,
+             host + " answers small echoes but not 9000-byte ones: a netdev or switch on the path drops full-size "
+                    "packets (" + here + "; the peer's fragments are larger than this host takes, or the path "
+                    "carries less than it claims)",
+             fix}};
+  const unsigned theirs = big->largest_fragment == 0 ? 9000 : big->largest_fragment;
+  const unsigned rdma_theirs = rdma_mtu_for(std::min(theirs, 9000u)), rdma_mine = rdma_mtu_for(mine);
+  const std::string there =
+      host + "'s replies come back " +
+      (big->largest_fragment == 0 ? std::string("whole (its MTU is 9000 or more")
+                                  : "in fragments of " + std::to_string(theirs) + " bytes (its MTU is " +
+                                        std::to_string(theirs)) +
+      ", RDMA MTU " + std::to_string(rdma_theirs) + ")";
+  if (rdma_theirs != rdma_mine) return {{"peer_mtu_mismatch", false, subject, there + ", " + here, fix}};
+  return {{"peer_mtu", true, subject,
+           there + ", " + here + ": the same RDMA MTU both ways", ""}};
+}
+
 // ---- the library's defaults -------------------------------------------------------------------------
 
 // "1.88 s" or "17 ms": exact milliseconds, without trailing zeros; "never" when empty.
@@ -654,12 +849,13 @@ std::string print_json(const std::vector<DeviceReport>& devices, const std::vect
 
 int main(int argc, char** argv) try {
   bool json = false, check = false;
-  std::string only;
+  std::string only, peer;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--check") check = true;
     else if ((a == "-d" || a == "--device") && i + 1 < argc) only = argv[++i];
+    else if (a == "--peer" && i + 1 < argc) { peer = argv[++i]; check = true; }
     else if (a == "-h" || a == "--help") { std::fputs(usage_text, stdout); return exit_ok; }
     else { std::fprintf(stderr, "verbs-info: unknown argument '%s'\n%s", argv[i], usage_text); return exit_usage; }
   }
@@ -676,7 +872,9 @@ int main(int argc, char** argv) try {
     else if (!check) std::printf("%s\n", defaults_text().c_str());  // they need no device
     return exit_no_device;
   }
-  const std::vector<Finding> findings = diagnose(devices);
+  std::vector<Finding> findings = diagnose(devices);
+  if (!peer.empty())
+    for (Finding& f : diagnose_peer(peer)) findings.push_back(std::move(f));
   if (json) {
     std::printf("%s\n", print_json(devices, findings).c_str());
     if (!check) return exit_ok;

@@ -125,7 +125,12 @@ struct ConnectionOptions {
   const ProtectionDomain* pd = nullptr;
   CompletionQueue* send_cq = nullptr;        ///< share a send CQ instead of creating one (same device; ownership shared as for pd)
   CompletionQueue* recv_cq = nullptr;        ///< share a receive CQ instead of creating one (same device; ownership shared as for pd)
-  std::span<const std::byte> private_data{}; ///< raw bytes for the peer (limits above, less 24 with `expose`)
+  /// Raw bytes for the peer (limits above, less 24 with `expose`). A side whose path MTU is
+  /// below what the peer would use (a smaller MTU on its host, or transport.path_mtu) puts a
+  /// 4-byte tag ("VM", 1, the ibv_mtu) in front, which a verbs peer reads and strips, and needs
+  /// the room for it (EMSGSIZE otherwise). Without `expose`, bytes that begin with a slice's
+  /// wire form or with such a tag are refused (EINVAL): the peer would misread them.
+  std::span<const std::byte> private_data{};
   /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
   /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.
   std::optional<RemoteSlice> expose = std::nullopt;

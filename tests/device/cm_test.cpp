@@ -180,6 +180,20 @@ TEST_F(Cm, PrivateDataOneByteOverTheLimitIsRefusedBeforeAnythingIsSent) {
   EXPECT_EQ(s->code(), std::errc::message_size);
 }
 
+// Private data that begins like the path MTU tag would lose its first 4 bytes at a verbs peer
+// and set its MTU: refused before anything is sent.
+TEST_F(Cm, PrivateDataThePeerWouldTakeForAnMtuTagIsRefused) {
+  cm::Listener listener(test_addr(), 0);
+  const std::vector<std::byte> data{std::byte{'V'}, std::byte{'M'}, std::byte{1}, std::byte{3}, std::byte{42}};
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.connection = {.private_data = data}}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+  EXPECT_NE(std::string(e->what()).find("path MTU tag"), std::string::npos) << e->what();
+  const auto none = connect_error([&] { (void)listener.accept(300ms); });
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->code(), std::errc::timed_out) << "nothing reached the listener";
+}
+
 // Without `expose`, private data that begins like an exposed slice would reach the peer as one
 // (peer_remote() set, 24 bytes missing from peer_private_data()): refused before anything is sent.
 TEST_F(Cm, PrivateDataThePeerWouldTakeForAnExposedSliceIsRefused) {

@@ -25,6 +25,10 @@
 #   connect_down_host     connecting to host a while it is off: an address-resolution failure
 #                         within the connect's time limits
 #   connect_no_listener   connecting to a port nobody listens on: rejected at once
+#   mtu_mismatch          host a's eth0 at MTU 9000 (RDMA MTU 4096), host b's at 1500 (1024; run.sh
+#                         --mtu-a 9000): `verbs-info --check --peer` names it on both hosts; traffic
+#                         checked with each host as the client (verbs uses the smaller MTU); then
+#                         host a back at 1500, and the check passes
 #   soak                  8 connections of mixed traffic for VERBS_SOAK_SECONDS (default 120) with
 #                         1% loss: 0 lost, 0 wrong
 # Exit status: 0 passed, 1 failed.
@@ -281,6 +285,48 @@ case $case_name in
     took=$(($(now_ms) - t))
     grep -q 'no listener' "$work/client" || fail "the error does not say 'no listener'"
     ((took < 5000)) || fail "the rejection took $took ms (limit 5 s)"
+    ;;
+  mtu_mismatch)
+    # peer_check HOST_LABEL WANT_STATUS PATTERN CMD...: verbs-info --check --peer, its status and
+    # a line it must print.
+    peer_check() {
+      local label=$1 want=$2 pattern=$3 rc
+      shift 3
+      "$@" >"$work/check" 2>&1
+      rc=$?
+      echo "---- verbs-info --check --peer on host $label: exit $rc"
+      grep 'peer ' "$work/check"
+      ((rc == want)) || fail "verbs-info --check --peer on host $label exited $rc, not $want"
+      grep -q -- "$pattern" "$work/check" || fail "verbs-info --check --peer on host $label did not say '$pattern'"
+    }
+    [[ $(cat /sys/class/net/eth0/mtu) == 1500 ]] || fail "this host's MTU is not 1500"
+    [[ $("$pair" run cat /sys/class/net/eth0/mtu) == 9000 ]] || fail "host a's MTU is not 9000 (run.sh --mtu-a 9000)"
+    peer_check b 1 "replies come back whole (its MTU is 9000 or more, RDMA MTU 4096), this host's eth0 MTU 1500 (RDMA MTU 1024) \[peer_mtu_mismatch\]" \
+      "$info" --check --peer "$a"
+    peer_check a 1 "replies come back in fragments of 1500 bytes (its MTU is 1500, RDMA MTU 1024), this host's eth0 MTU 9000 (RDMA MTU 4096) \[peer_mtu_mismatch\]" \
+      "$pair" run "$info" --check --peer "$b"
+    # The client with the smaller MTU: rdma_cm's route says 1024 to both.
+    serve_on_a
+    checked client -n 20
+    stop_server
+    # The client with the larger MTU: its request says 4096, and the server tells it 1024.
+    timeout 300 "$peer" serve -a "$b" -p 7480 --clients 1 >"$work/server.out" 2>&1 &
+    spid=$!
+    until grep -q 'listening on' "$work/server.out"; do
+      kill -0 "$spid" 2>/dev/null || { fail "the server did not start"; cat "$work/server.out"; exit 1; }
+      sleep 0.1
+    done
+    t=$(now_ms)
+    "$pair" run -t 120 "$peer" run "$b" -n 20 >"$work/bigger" 2>&1 || fail "the client on host a (MTU 9000) failed"
+    echo "---- the client on host a (MTU 9000): $(($(now_ms) - t)) ms"
+    cat "$work/bigger"
+    grep -q ': 0 lost, 0 wrong$' "$work/bigger" || fail "the client on host a did not check out"
+    wait "$spid" 2>/dev/null
+    spid=
+    "$pair" run ip link set eth0 mtu 1500 || fail "cannot set host a's MTU back to 1500"
+    sleep 1
+    peer_check b 0 "replies come back in fragments of 1500 bytes (its MTU is 1500, RDMA MTU 1024), this host's eth0 MTU 1500 (RDMA MTU 1024): the same RDMA MTU both ways" \
+      "$info" --check --peer "$a"
     ;;
   soak)
     netem loss 1%

@@ -50,6 +50,10 @@ foreach(case loss1 loss5 delay reorder duplicate link_cut_fails host_killed serv
            COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
 endforeach()
 
+# The hosts' MTUs differ: host a's eth0 at 9000 (RDMA MTU 4096), host b's at 1500 (1024).
+add_test(NAME twohost.fault.mtu_mismatch
+         COMMAND ${verbs_twohost_run} --mtu-a 9000 -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh mtu_mismatch $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
+
 get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)
 list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
 set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS wire TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
