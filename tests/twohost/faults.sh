@@ -12,8 +12,11 @@
 #   link_down_survives    host a's eth0 down for 2 s mid-run, with an ack timeout of 1.07 s (retry
 #                         budget > 7 s): data intact; each connection survives or exhausts its
 #                         retries within the budget, and the next one works. By hand only (not in
-#                         ctest): on rxe a QP that sends while its netdev is down fails at once
-#                         (LOC_QP_OP_ERR), whatever the budget; see tests/twohost/tests.cmake
+#                         ctest): on rxe 6.1 it fails, for the kernel's reasons: a QP that sends
+#                         while its netdev is down fails at once (LOC_QP_OP_ERR), and in 2 of 3
+#                         flaps a 48 KiB read completed successfully with wrong data, while host b's
+#                         kernel logged a WARNING in rxe_completer (rxe_comp.c:756); see
+#                         tests/twohost/tests.cmake
 #   link_cut_fails        all of host a's packets lost for 12 s (the wire cut), default transport
 #                         options: the client fails within the default retry bound, the server
 #                         drops the connections, and once the wire is back a new one works
@@ -174,6 +177,8 @@ case $case_name in
     lpid=$!
     client client -c 2 -t 12 --ack-timeout 18
     wait "$lpid"
+    grep -q 'read back other bytes than written' "$work/client" &&
+      fail "a read completed successfully with wrong data after the outage (an rxe bug; host b's kernel: $(dmesg | grep -m1 -o 'WARNING: .* at drivers/infiniband/sw/rxe/[a-z_]*\.c:[0-9]*' || echo 'no rxe warning'))"
     survived=$(grep -c '^wire_peer: connection [0-9]*: [0-9]* rounds, [0-9]* operations, all checked$' "$work/client")
     lost=$(grep -c '^wire_peer: connection [0-9]*: FAILED .*: transport retry counter exceeded (12) after [0-9]* ms; at ' "$work/client")
     echo "connections that survived the outage: $survived of 2 (the others: transport retries exhausted)"
