@@ -19,6 +19,12 @@ add_test(NAME twohost.readme_tour
          COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh tour $<TARGET_FILE:readme_tour>)
 add_test(NAME twohost.readme_expose
          COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh expose $<TARGET_FILE:readme_expose>)
+# The README's two-host commands as written (tests/twohost/readme.sh): the "host A / host B"
+# block, and the scripts/rxe-pair block. Each boots its own pairs, from this machine.
+foreach(block two-hosts rxe-pair)
+  add_test(NAME twohost.readme_${block}
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/readme.sh ${block} ${PROJECT_BINARY_DIR})
+endforeach()
 # rping interop, ours and rdma-core's, each as the server on host a.
 foreach(pair "ours;debian" "debian;ours" "ours;ours")
   list(GET pair 0 server)
