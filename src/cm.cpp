@@ -859,7 +859,8 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     }
   };
   // Both CQs at once (they may be one): either request may fail first.
-  const bool busy = !rcq.has_channel() || !scq.has_channel();
+  // A CQ on a shared channel (CqOptions::channel) is busy-polled: its events are the channel's.
+  const bool busy = !rcq.has_channel() || !scq.has_channel() || rcq.shares_channel() || scq.shares_channel();
   unsigned spins = 0;
   for (bool first = true;; first = false) {
     const std::size_t found = collect_all(false);
@@ -1003,9 +1004,11 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     return {};
   };
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
+  // A CQ on a shared channel (CqOptions::channel) is busy-polled: its events are the channel's.
+  const bool spinning = busy || !cq.has_channel() || cq.shares_channel();
   for (bool first = true;; first = false) {
     if (auto got = poll(false); !got.empty() || ec) return got;
-    if (busy || !cq.has_channel()) {
+    if (spinning) {
       // Busy polling: look at the cm channel now and then (a system call each time; not on every
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
       if ((++spins & 1023u) == 0 || (first && closed())) {

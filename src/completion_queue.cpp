@@ -6,9 +6,26 @@
 #include <algorithm>
 #include <string>
 
+#include "channel_state.hpp"
 #include "detail.hpp"
+#include "verbs/completion_channel.hpp"
 
 namespace verbs {
+namespace detail {
+
+// The deleter of a CQ made here: what the CQ keeps alive, and the acknowledgement of a shared
+// channel's remaining events before ibv_destroy_cq (which waits for them).
+struct CqDeleter {
+  std::shared_ptr<ibv_comp_channel> own;   // a channel of its own (CqOptions::with_channel)
+  std::shared_ptr<ChannelState> shared;    // a shared one (CqOptions::channel)
+  std::shared_ptr<ibv_context> ctx;
+  void operator()(ibv_cq* c) const noexcept {
+    if (shared) shared->remove(c);
+    ibv_destroy_cq(c);
+  }
+};
+
+}  // namespace detail
 namespace {
 
 int empty_poll(ibv_cq*, int, ibv_wc*) { return -EBADF; }
@@ -53,6 +70,19 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
   ibv_context* ctx = device.native_handle();
   detail::require_not_empty(ctx != nullptr, "CompletionQueue: the Device", where);
   std::shared_ptr<ibv_comp_channel> channel;
+  std::shared_ptr<detail::ChannelState> shared;
+  if (options.channel != nullptr) {
+    if (options.with_channel)
+      detail::throw_error(make_error_code(Errc::bad_argument),
+                          "CompletionQueue: CqOptions::with_channel and CqOptions::channel both set (a channel of "
+                          "its own, or a shared one)", where);
+    shared = options.channel->shared_state();
+    if (!shared)
+      detail::throw_error(make_error_code(Errc::empty_object),
+                          "CompletionQueue: CqOptions::channel is empty (moved from)", where);
+    if (shared->channel->context != ctx)
+      detail::throw_errno(EINVAL, "CompletionQueue: CqOptions::channel belongs to another device", where);
+  }
   if (options.with_channel) {
     ibv_comp_channel* ch = detail::check_ptr(ibv_create_comp_channel(ctx), "ibv_create_comp_channel", where);
     // The channel holds the context itself: ibv_destroy_comp_channel locks the context's mutex,
@@ -63,11 +93,24 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
     if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
       detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", where);
   }
-  ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, nullptr, channel.get(), options.comp_vector),
+  ibv_comp_channel* ch = shared ? shared->channel : channel.get();
+  ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, options.context, ch, options.comp_vector),
                                  "ibv_create_cq", where);
+  try {
+    if (shared) shared->add(cq);
+  } catch (...) {
+    ibv_destroy_cq(cq);
+    throw;
+  }
   // Every owner holds what it needs itself (the channel its context), so the order in which
-  // the captures are destroyed does not matter.
-  cq_ = std::shared_ptr<ibv_cq>(cq, [channel, ctx = device.shared_handle()](ibv_cq* c) { ibv_destroy_cq(c); });
+  // the members are destroyed does not matter. (Should the control block fail to allocate,
+  // shared_ptr calls the deleter.)
+  cq_ = std::shared_ptr<ibv_cq>(cq, detail::CqDeleter{std::move(channel), std::move(shared), device.shared_handle()});
+}
+
+bool CompletionQueue::shares_channel() const noexcept {
+  const auto* d = std::get_deleter<detail::CqDeleter>(cq_);
+  return d != nullptr && d->shared != nullptr;
 }
 
 CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq) {
@@ -126,6 +169,10 @@ int CompletionQueue::fd() const noexcept { return has_channel() ? cq_->channel->
 int CompletionQueue::consume_events(std::error_code& ec) noexcept {
   ec.clear();
   if (!has_channel()) return 0;
+  if (shares_channel()) {  // the events are the channel's, of every CQ on it
+    ec = make_error_code(Errc::bad_argument);
+    return 0;
+  }
   int n = 0;
   for (;;) {
     ibv_cq* ev_cq = nullptr;
@@ -143,6 +190,9 @@ int CompletionQueue::consume_events(std::error_code& ec) noexcept {
 int CompletionQueue::consume_events() {
   std::error_code ec;
   const int n = consume_events(ec);
+  if (ec == make_error_code(Errc::bad_argument))
+    detail::throw_error(ec, "CompletionQueue::consume_events: the CQ's channel is shared (CqOptions::channel): read "
+                            "its events with CompletionChannel::get_events", SourceLocation::current());
   if (ec) detail::throw_error(ec, "ibv_get_cq_event", SourceLocation::current());
   return n;
 }
@@ -152,6 +202,10 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
   using clock = std::chrono::steady_clock;
   const auto deadline = detail::deadline_after(timeout);
   ec.clear();
+  if (shares_channel()) {  // sleeping here would take the other CQs' events
+    ec = make_error_code(Errc::bad_argument);
+    return {};
+  }
   for (;;) {
     if (auto got = poll(out, ec); !got.empty() || ec) return got;
     const auto now = clock::now();
@@ -171,6 +225,9 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
 std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout) {
   std::error_code ec;
   auto got = wait(out, timeout, ec);
+  if (ec == make_error_code(Errc::bad_argument) && shares_channel())
+    detail::throw_error(ec, "CompletionQueue::wait: the CQ's channel is shared (CqOptions::channel): wait on the "
+                            "CompletionChannel (or poll this CQ)", SourceLocation::current());
   if (ec) detail::throw_error(ec, "CompletionQueue::wait", SourceLocation::current());
   return got;
 }

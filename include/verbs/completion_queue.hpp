@@ -89,11 +89,19 @@ namespace detail {
 ibv_cq* empty_cq() noexcept;
 }  // namespace detail
 
+class CompletionChannel;
+
 /// Options of a CompletionQueue.
 struct CqOptions {
   int depth = 256;             ///< at least this many entries (devices round up)
-  bool with_channel = false;   ///< a completion channel, for wait() without busy polling and for fd()
+  bool with_channel = false;   ///< a completion channel of its own, for wait() without busy polling and for fd()
   int comp_vector = 0;         ///< completion vector (interrupt) for the channel
+  /// A channel shared with other CQs instead (of the same device; not with .with_channel: EINVAL).
+  /// Read only at creation: the CQ shares the channel's ownership. Its events are read with
+  /// CompletionChannel::get_events, not with this CQ's wait() or consume_events().
+  CompletionChannel* channel = nullptr;
+  /// cq_context: what CqEvent::context and AsyncEvent::context() give for this CQ.
+  void* context = nullptr;
 };
 
 /// A completion queue. Move-only; kept alive by the queue pairs that use it.
@@ -147,7 +155,8 @@ class CompletionQueue {
   }
 
   /// Waits up to `timeout` for at least one completion and returns what was polled; empty on
-  /// timeout. With a channel it sleeps on the channel's fd; without one it busy-polls.
+  /// timeout. With a channel of its own it sleeps on the channel's fd; without one it
+  /// busy-polls. On a shared channel (CqOptions::channel): Errc::bad_argument.
   ///@{
   std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
   std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout);
@@ -173,16 +182,40 @@ class CompletionQueue {
   std::span<Completion> arm_and_poll(std::span<Completion> out, std::error_code& ec, bool solicited_only = false) noexcept;
   std::span<Completion> arm_and_poll(std::span<Completion> out, bool solicited_only = false);
   ///@}
+  /// The end of handling an event, the arm-then-poll-again rule in one call: polls until the CQ
+  /// is empty, arms it and polls once more, handing each non-empty batch (a front of `buf`) to
+  /// `on_batch`, until an arming finds nothing; then the CQ is armed and the next completion
+  /// raises an event. Returns how many completions were handed over; on a device error sets
+  /// `ec` and stops. Requires a channel (own or shared).
+  template <typename F>
+  std::size_t drain_and_arm(std::span<Completion> buf, F&& on_batch, std::error_code& ec,
+                            bool solicited_only = false) noexcept(noexcept(on_batch(buf))) {
+    std::size_t n = 0;
+    for (;;) {
+      std::span<Completion> got = poll(buf, ec);
+      if (ec) return n;
+      if (got.empty()) {
+        got = arm_and_poll(buf, ec, solicited_only);
+        if (ec || got.empty()) return n;
+      }
+      n += got.size();
+      on_batch(got);
+    }
+  }
   /// Consumes and acknowledges pending channel events without blocking; returns how many. Call
-  /// when fd() is readable, then poll until empty, then arm_and_poll() (see there).
+  /// when fd() is readable, then poll until empty, then arm_and_poll() (see there). Only for a
+  /// channel of its own (CqOptions::with_channel): on a shared one (CqOptions::channel) it
+  /// fails with Errc::bad_argument, as would wait() (it would take the other CQs' events).
   ///@{
   int consume_events();
   int consume_events(std::error_code& ec) noexcept;
   ///@}
   /// The completion channel's fd (non-blocking), for an event loop; -1 without a channel.
   [[nodiscard]] int fd() const noexcept;
-  /// True when made with a completion channel.
+  /// True when made with a completion channel, its own or a shared one.
   [[nodiscard]] bool has_channel() const noexcept { return cq_->channel != nullptr; }
+  /// True when on a CompletionChannel shared with other CQs (CqOptions::channel).
+  [[nodiscard]] bool shares_channel() const noexcept;
   /// False for a moved-from (empty) CompletionQueue.
   [[nodiscard]] explicit operator bool() const noexcept { return cq_.get() != detail::empty_cq(); }
   /// Entries the device actually gave the CQ (at least the depth asked for).
@@ -200,7 +233,7 @@ class CompletionQueue {
   [[nodiscard, gnu::cold, gnu::noinline]] std::error_code poll_error_(int rc) const noexcept;
   [[noreturn, gnu::cold, gnu::noinline]] void throw_poll_error_(int rc) const;
   void check_not_empty_(const char* what, SourceLocation where) const;
-  std::shared_ptr<ibv_cq> cq_;  // deleter destroys the channel after the CQ and holds the device context
+  std::shared_ptr<ibv_cq> cq_;  // deleter (CqDeleter for a CQ made here) holds the channel and the device context
 };
 
 /// Exchanges two CompletionQueues.

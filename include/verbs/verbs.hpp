@@ -6,6 +6,7 @@
 /// QueuePair, SharedReceiveQueue and AddressHandle, with typed flags and std::error_code errors.
 
 #include "verbs/address_handle.hpp"      // IWYU pragma: export
+#include "verbs/completion_channel.hpp"  // IWYU pragma: export
 #include "verbs/completion_queue.hpp"    // IWYU pragma: export
 #include "verbs/device.hpp"              // IWYU pragma: export
 #include "verbs/error.hpp"               // IWYU pragma: export
