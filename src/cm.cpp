@@ -137,6 +137,34 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
   }
 }
 
+[[noreturn]] void fail_no_answer(Phase phase, std::chrono::milliseconds budget, SourceLocation where) {
+  fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)", where);
+}
+
+/// `e` when it is `wanted` (or `also`); any other event ends the phase with an error saying which.
+Event check_event(Event e, rdma_cm_event_type wanted, Phase phase, SourceLocation where,
+                  std::optional<rdma_cm_event_type> also = std::nullopt) {
+  if (e.type == wanted || (also && e.type == *also)) return e;
+  const std::string what = std::string(rdma_event_str(e.type)) + " (status " + std::to_string(e.status) + ")";
+  switch (e.type) {
+    case RDMA_CM_EVENT_REJECTED:
+      // The status is the IB CM reject reason (8: invalid service ID, nothing listens there).
+      throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), phase,
+                         e.status == 8 ? "rejected: no listener on that port (" + what + ")"
+                                        : "rejected by the peer (" + what +
+                                              "; its private data, if any, is in ConnectError::private_data())",
+                         e.status, e.private_data, where);
+    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")", where);
+    case RDMA_CM_EVENT_ADDR_ERROR:
+      fail(e.status == -ENODEV ? ENODEV : (e.status < 0 ? -e.status : EHOSTUNREACH), phase,
+           "address resolution failed (" + what + ")", where);
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      fail(e.status < 0 ? -e.status : ENETUNREACH, phase, "route resolution failed (" + what + ")", where);
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")", where);
+    default: fail(ECONNABORTED, phase, "unexpected " + what, where);
+  }
+}
+
 /// Waits for `wanted` (or `also`, when given) on `ch`; any other event ends the phase with an
 /// error saying which.
 Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::time_point deadline, Phase phase,
@@ -145,27 +173,14 @@ Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::tim
   std::error_code ec;
   std::optional<Event> e = next_event(ch, deadline, ec);
   if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
-  if (!e)
-    fail(ETIMEDOUT, phase, "no answer within " + std::to_string(budget.count()) + " ms (is the peer reachable?)", where);
-  if (e->type == wanted || (also && e->type == *also)) return std::move(*e);
-  const std::string what = std::string(rdma_event_str(e->type)) + " (status " + std::to_string(e->status) + ")";
-  switch (e->type) {
-    case RDMA_CM_EVENT_REJECTED:
-      // The status is the IB CM reject reason (8: invalid service ID, nothing listens there).
-      throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), phase,
-                         e->status == 8 ? "rejected: no listener on that port (" + what + ")"
-                                        : "rejected by the peer (" + what +
-                                              "; its private data, if any, is in ConnectError::private_data())",
-                         e->status, e->private_data, where);
-    case RDMA_CM_EVENT_UNREACHABLE: fail(EHOSTUNREACH, phase, "peer unreachable (" + what + ")", where);
-    case RDMA_CM_EVENT_ADDR_ERROR:
-      fail(e->status == -ENODEV ? ENODEV : (e->status < 0 ? -e->status : EHOSTUNREACH), phase,
-           "address resolution failed (" + what + ")", where);
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-      fail(e->status < 0 ? -e->status : ENETUNREACH, phase, "route resolution failed (" + what + ")", where);
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: fail(ENODEV, phase, "the RDMA device was removed (" + what + ")", where);
-    default: fail(ECONNABORTED, phase, "unexpected " + what, where);
-  }
+  if (!e) fail_no_answer(phase, budget, where);
+  return check_event(std::move(*e), wanted, phase, where, also);
+}
+
+/// Sleeps until `fd` is readable or `deadline` passes (poll(2); EINTR is a wakeup).
+void wait_readable(int fd, Clock::time_point deadline, Phase phase, SourceLocation where) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, std::max(0, ms_until(deadline))) < 0 && errno != EINTR) fail(errno, phase, "poll", where);
 }
 
 /// Checks of the options that need no device, made before anything is sent or waited for.
@@ -1070,62 +1085,179 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
 }
 
 // ---------------------------------------------------------------------------------------------
-Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
-  const auto deadline = deadline_after(o.timeout);
-  const auto step_deadline = [&] { return std::min(deadline, deadline_after(o.resolve_timeout)); };
-  const std::vector<std::byte> data = frame(o.connection, max_connect_private_data, Phase::connect, where);
-  check_options(o.connection, Phase::connect, where);
+// A connect, as a state machine driven by the events of its channel: one step per event, and
+// never a wait (connect() waits between steps; an event loop calls step() itself).
+struct PendingConnect::Impl {
+  std::unique_ptr<Connection::Impl> c;
+  ClientOptions o;                   // the caller's, with private_data pointing at `user_data`
+  std::vector<std::byte> user_data;  // a copy of the caller's private data
+  std::vector<std::byte> data;       // framed (expose, then user_data)
+  std::vector<std::byte> tagged;     // framed with a path MTU tag, when one is needed
+  rdma_conn_param param{};
+  std::string target;
+  Phase phase = Phase::resolve_address;
+  Clock::time_point deadline, step_deadline;
+  int resolve_ms = 0;
+  SourceLocation where;
+  std::exception_ptr failed;
 
-  auto c = std::make_unique<Connection::Impl>();
-  c->channel = make_channel(Phase::resolve_address, where);
-  c->id = make_id(c->channel, Phase::resolve_address, where);
+  [[nodiscard]] Clock::time_point resolve_deadline() const { return std::min(deadline, deadline_after(o.resolve_timeout)); }
 
-  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
-  sockaddr_storage src{};
-  if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address, where);
-  const std::string target = std::string(host) + ":" + std::to_string(port);
-  const int resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
-  if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
-                        reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
-    const int err = errno;
-    fail(err, Phase::resolve_address,
-         target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"), where);
+  void start(std::string_view host, std::uint16_t port) {
+    deadline = deadline_after(o.timeout);
+    data = frame(o.connection, max_connect_private_data, Phase::connect, where);
+    check_options(o.connection, Phase::connect, where);
+    c = std::make_unique<Connection::Impl>();
+    c->channel = make_channel(Phase::resolve_address, where);
+    c->id = make_id(c->channel, Phase::resolve_address, where);
+    sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
+    sockaddr_storage src{};
+    if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address, where);
+    target = std::string(host) + ":" + std::to_string(port);
+    resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
+    step_deadline = resolve_deadline();
+    if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
+                          reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
+      const int err = errno;
+      fail(err, Phase::resolve_address,
+           target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"), where);
+    }
   }
+
+  /// What the phase's limit is, for the "no answer" error.
+  [[nodiscard]] milliseconds budget() const { return phase == Phase::connect ? o.timeout : o.resolve_timeout; }
+
+  [[noreturn]] void timed_out() {
+    if (phase == Phase::resolve_address) {
+      try {
+        fail_no_answer(phase, budget(), where);
+      } catch (const ConnectError& e) {
+        fail(e.code().value(), phase, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
+      }
+    }
+    fail_no_answer(phase, budget(), where);
+  }
+
+  /// One event of the phase in progress; the Connection once established.
+  std::optional<Connection> on_event(Event e) {
+    switch (phase) {
+      case Phase::resolve_address: {
+        try {
+          (void)check_event(std::move(e), RDMA_CM_EVENT_ADDR_RESOLVED, Phase::resolve_address, where);
+        } catch (const ConnectError& x) {
+          fail(x.code().value(), Phase::resolve_address, target + ": " + x.context().substr(x.context().find(": ") + 2),
+               where);
+        }
+        if (const auto tc = o.connection.transport.traffic_class) {
+          std::uint8_t tos = *tc;
+          if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
+            fail(errno, Phase::resolve_route, target + ": rdma_set_option(TOS)", where);
+        }
+        if (rdma_resolve_route(c->id.get(), resolve_ms) != 0)
+          fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
+        phase = Phase::resolve_route;
+        step_deadline = resolve_deadline();
+        return std::nullopt;
+      }
+      case Phase::resolve_route: {
+        (void)check_event(std::move(e), RDMA_CM_EVENT_ROUTE_RESOLVED, Phase::resolve_route, where);
+        c->build(o.connection, Phase::connect, where);
+        if (o.connection.before_handshake)
+          o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
+        // The request carries the route's MTU, this side's active one; taking less, say so.
+        if (c->id->route.num_paths > 0 && c->id->route.path_rec != nullptr) {
+          const auto route = static_cast<ibv_mtu>(c->id->route.path_rec[0].mtu);
+          if (const ibv_mtu mine = c->mtu_limit(route); mine < route)
+            tagged = frame_with_mtu(o.connection, max_connect_private_data, static_cast<Mtu>(mine),
+                                    static_cast<Mtu>(route), Phase::connect, where);
+        }
+        param = conn_param(o.connection, tagged.empty() ? data : tagged, *c->device, *c->qp);
+        phase = Phase::connect;
+        step_deadline = deadline;
+        if (rdma_connect(c->id.get(), &param) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
+        return std::nullopt;
+      }
+      default: {
+        // With no QP on the id, librdmacm hands the reply over as it is: the QP reaches RTS with
+        // this side's attributes only, and then rdma_establish(3) sends the RTU.
+        Event r = check_event(std::move(e), RDMA_CM_EVENT_CONNECT_RESPONSE, Phase::connect, where);
+        c->take_private_data(std::move(r.private_data));  // before RTR: it may carry the server's MTU
+        c->to_rts(param, Phase::connect, where);
+        if (rdma_establish(c->id.get()) != 0) fail(errno, Phase::connect, target + ": rdma_establish", where);
+        c->on_established();
+        return Connection(std::move(c));
+      }
+    }
+  }
+
+  std::optional<Connection> step() {
+    if (failed) std::rethrow_exception(failed);
+    if (!c) fail(ENOTCONN, phase, "PendingConnect::step: the connect is over (its Connection was returned)", where);
+    try {
+      for (;;) {
+        std::error_code ec;
+        std::optional<Event> e = next_event(c->channel.get(), Clock::time_point{}, ec);  // never waits
+        if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
+        if (!e) {
+          if (Clock::now() >= step_deadline) timed_out();
+          return std::nullopt;
+        }
+        if (auto done = on_event(std::move(*e))) return done;
+      }
+    } catch (...) {
+      failed = std::current_exception();
+      c.reset();
+      throw;
+    }
+  }
+};
+
+PendingConnect::PendingConnect(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+PendingConnect::PendingConnect(PendingConnect&&) noexcept = default;
+PendingConnect& PendingConnect::operator=(PendingConnect&&) noexcept = default;
+PendingConnect::~PendingConnect() = default;
+
+std::optional<Connection> PendingConnect::step() {
+  if (!impl_)
+    detail::throw_error(make_error_code(Errc::empty_object), "PendingConnect::step: the PendingConnect is empty (moved from)",
+                        SourceLocation::current());
+  return impl_->step();
+}
+
+std::optional<Connection> PendingConnect::step(std::error_code& ec) noexcept {
   try {
-    (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ADDR_RESOLVED, step_deadline(), Phase::resolve_address,
-                       o.resolve_timeout, where);
-  } catch (const ConnectError& e) {
-    fail(e.code().value(), Phase::resolve_address, target + ": " + e.context().substr(e.context().find(": ") + 2), where);
+    ec.clear();
+    return step();
+  } catch (const Error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = std::make_error_code(std::errc::io_error);  // before_handshake threw something else
   }
-  if (const auto tc = o.connection.transport.traffic_class) {
-    std::uint8_t tos = *tc;
-    if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
-      fail(errno, Phase::resolve_route, target + ": rdma_set_option(TOS)", where);
-  }
-  if (rdma_resolve_route(c->id.get(), resolve_ms) != 0) fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
-  (void)expect_event(c->channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, step_deadline(), Phase::resolve_route,
-                     o.resolve_timeout, where);
+  return std::nullopt;
+}
 
-  c->build(o.connection, Phase::connect, where);
-  if (o.connection.before_handshake) o.connection.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = {}});
-  // The request carries the route's MTU, this side's active one; taking less, say so.
-  std::vector<std::byte> tagged;
-  if (c->id->route.num_paths > 0 && c->id->route.path_rec != nullptr) {
-    const auto route = static_cast<ibv_mtu>(c->id->route.path_rec[0].mtu);
-    if (const ibv_mtu mine = c->mtu_limit(route); mine < route)
-      tagged = frame_with_mtu(o.connection, max_connect_private_data, static_cast<Mtu>(mine), static_cast<Mtu>(route),
-                              Phase::connect, where);
+int PendingConnect::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
+std::chrono::steady_clock::time_point PendingConnect::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->step_deadline; }
+Phase PendingConnect::phase() const noexcept { return impl_ ? impl_->phase : Phase::connect; }
+
+PendingConnect start_connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
+  auto p = std::make_unique<PendingConnect::Impl>();
+  p->o = o;
+  p->user_data.assign(o.connection.private_data.begin(), o.connection.private_data.end());
+  p->o.connection.private_data = p->user_data;
+  p->where = where;
+  p->start(host, port);
+  return PendingConnect(std::move(p));
+}
+
+Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
+  PendingConnect pending = start_connect(host, port, o, where);
+  for (;;) {
+    if (auto c = pending.step()) return std::move(*c);
+    wait_readable(pending.fd(), pending.deadline(), pending.phase(), where);
   }
-  rdma_conn_param p = conn_param(o.connection, tagged.empty() ? data : tagged, *c->device, *c->qp);
-  if (rdma_connect(c->id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect", where);
-  // With no QP on the id, librdmacm hands the reply over as it is: the QP reaches RTS with this
-  // side's attributes only, and then rdma_establish(3) sends the RTU.
-  Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_CONNECT_RESPONSE, deadline, Phase::connect, o.timeout, where);
-  c->take_private_data(std::move(e.private_data));  // before RTR: it may carry the server's MTU
-  c->to_rts(p, Phase::connect, where);
-  if (rdma_establish(c->id.get()) != 0) fail(errno, Phase::connect, target + ": rdma_establish", where);
-  c->on_established();
-  return Connection(std::move(c));
 }
 
 std::optional<Connection> connect(std::string_view host, std::uint16_t port, const ClientOptions& options,
@@ -1201,24 +1333,88 @@ Device Listener::device(SourceLocation where) const {
   return device_for(impl_->address, where);
 }
 
-Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
-  const auto deadline = deadline_after(timeout);
+// The handshake of an accepted request, from the answer (rdma_accept) to ESTABLISHED.
+struct PendingAccept::Impl {
+  std::unique_ptr<Connection::Impl> c;
+  Clock::time_point deadline;
+  milliseconds budget{};
+  SourceLocation where;
+  std::exception_ptr failed;
+
+  std::optional<Connection> step() {
+    if (failed) std::rethrow_exception(failed);
+    if (!c) fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
+    try {
+      std::error_code ec;
+      std::optional<Event> e = next_event(c->channel.get(), Clock::time_point{}, ec);  // never waits
+      if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+      if (!e) {
+        if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
+        return std::nullopt;
+      }
+      // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
+      // was lost (connection management messages are datagrams; a busy rxe drops some), so its
+      // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
+      // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
+      const Event got = check_event(std::move(*e), RDMA_CM_EVENT_ESTABLISHED, Phase::accept, where,
+                                    RDMA_CM_EVENT_DISCONNECTED);
+      c->on_established();
+      if (got.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
+      return Connection(std::move(c));
+    } catch (...) {
+      failed = std::current_exception();
+      c.reset();
+      throw;
+    }
+  }
+};
+
+PendingAccept::PendingAccept(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+PendingAccept::PendingAccept(PendingAccept&&) noexcept = default;
+PendingAccept& PendingAccept::operator=(PendingAccept&&) noexcept = default;
+PendingAccept::~PendingAccept() = default;
+
+std::optional<Connection> PendingAccept::step() {
+  if (!impl_)
+    detail::throw_error(make_error_code(Errc::empty_object), "PendingAccept::step: the PendingAccept is empty (moved from)",
+                        SourceLocation::current());
+  return impl_->step();
+}
+
+std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept {
+  try {
+    ec.clear();
+    return step();
+  } catch (const Error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  }
+  return std::nullopt;
+}
+
+int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
+std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->deadline; }
+
+std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
   const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
   check_options(o, Phase::accept, where);
   for (;;) {
     std::error_code ec;
-    std::optional<Event> req = next_event(impl_->channel.get(), deadline, ec);
+    std::optional<Event> req = next_event(impl_->channel.get(), Clock::time_point{}, ec);  // never waits
     if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
-    if (!req) fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
+    if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;  // nothing else concerns a listener
 
     // A request is taken: from here the client is answered, and waiting for it to confirm gets
-    // its own budget. Ending on `deadline` would destroy a connection the client already has
-    // (accept(0ms) from an event loop would always do so).
-    const milliseconds budget = impl_->handshake_timeout;
-    const auto handshake_deadline = deadline_after(budget);
+    // its own budget. Ending on accept()'s deadline would destroy a connection the client
+    // already has (accept(0ms) from an event loop would always do so).
+    auto pending = std::make_unique<PendingAccept::Impl>();
+    pending->budget = impl_->handshake_timeout;
+    pending->deadline = deadline_after(pending->budget);
+    pending->where = where;
     std::unique_ptr<Connection::Impl> c;
     // Its own channel makes the connection independent of the listener and of the others. Until
     // the request's id is the connection's, a failure (no descriptor left for the channel, say,
@@ -1272,15 +1468,26 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
       rdma_reject(c->id.get(), nullptr, 0);
       fail(err, Phase::accept, "rdma_accept", where);
     }
-    // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
-    // was lost (connection management messages are datagrams; a busy rxe drops some), so its
-    // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
-    // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
-    const Event e = expect_event(c->channel.get(), RDMA_CM_EVENT_ESTABLISHED, handshake_deadline, Phase::accept,
-                                 budget, where, RDMA_CM_EVENT_DISCONNECTED);
-    c->on_established();
-    if (e.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
-    return Connection(std::move(c));
+    pending->c = std::move(c);
+    return PendingAccept(std::move(pending));
+  }
+}
+
+Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
+  const auto deadline = deadline_after(timeout);
+  // Checked before waiting: nothing is sent for options that cannot be.
+  (void)frame(o, max_accept_private_data, Phase::accept, where);
+  check_options(o, Phase::accept, where);
+  for (;;) {
+    if (std::optional<PendingAccept> pending = start_accept(o, where)) {
+      for (;;) {
+        if (auto c = pending->step()) return std::move(*c);
+        wait_readable(pending->fd(), pending->deadline(), Phase::accept, where);
+      }
+    }
+    if (Clock::now() >= deadline)
+      fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
+    wait_readable(impl_->channel->fd, deadline, Phase::accept, where);
   }
 }
 

@@ -328,7 +328,8 @@ class Connection {
 
  private:
   friend class Listener;
-  friend Connection connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
+  friend class PendingConnect;
+  friend class PendingAccept;
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
   /// wait() and spin(): the completions held for `cq` (see exchange()), then the CQ's.
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
@@ -348,6 +349,86 @@ class Connection {
 /// As above, reporting failure through `ec` (and returning empty).
 [[nodiscard]] std::optional<Connection> connect(std::string_view host, std::uint16_t port,
                                                 const ClientOptions& options, std::error_code& ec);
+
+/// A connect in progress that never blocks, for an event loop: start_connect() sends the first
+/// request and returns at once; step() does what the events that came since allow (resolve the
+/// route, create the QP and send the connection request, complete the handshake) and returns
+/// the Connection once established. Call it when fd() is readable, and at deadline() at the
+/// latest: every phase keeps its limit (ClientOptions::resolve_timeout for each resolution,
+/// ClientOptions::timeout for the whole), and step() fails when it passes. Failures are
+/// ConnectError naming the phase, as connect()'s (connect() itself is this, waited on).
+/// ClientOptions are copied (the private data too), but what their pointers name
+/// (ConnectionOptions::pd, send_cq, recv_cq, srq) must live until step() has returned the
+/// Connection or failed, and ConnectionOptions::before_handshake runs inside step(). Move-only;
+/// destroying it abandons the connect. One thread at a time.
+class PendingConnect {
+ public:
+  /// Moves the connect in progress; the source is left empty.
+  PendingConnect(PendingConnect&&) noexcept;
+  /// Moves the connect in progress; the one this held is abandoned.
+  PendingConnect& operator=(PendingConnect&&) noexcept;
+  PendingConnect(const PendingConnect&) = delete;
+  PendingConnect& operator=(const PendingConnect&) = delete;
+  ~PendingConnect();
+
+  ///@{
+  /// Handles what has come without blocking: the Connection once established, else empty.
+  /// Throws ConnectError (the ec form sets `ec`) when the phase failed or its limit passed;
+  /// after a failure every call fails the same way.
+  [[nodiscard]] std::optional<Connection> step();
+  [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
+  ///@}
+  /// The rdma_cm event channel's fd (non-blocking): readable when step() has something to do.
+  [[nodiscard]] int fd() const noexcept;
+  /// When the current phase's limit passes: call step() then, if fd() stayed silent.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
+  /// The phase in progress.
+  [[nodiscard]] Phase phase() const noexcept;
+
+ private:
+  friend PendingConnect start_connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
+  struct Impl;
+  explicit PendingConnect(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Starts connecting to `host`:`port` without blocking (rdma_resolve_addr(3) is sent); see
+/// PendingConnect. Throws ConnectError for what fails at once: bad options or private data
+/// (EINVAL, EMSGSIZE), an address that does not parse, no device for the source address.
+[[nodiscard]] PendingConnect start_connect(std::string_view host, std::uint16_t port, const ClientOptions& options = {},
+                                           SourceLocation where = SourceLocation::current());
+
+/// An accepted request whose handshake is in progress, for an event loop: the server has
+/// answered (its QP in RTS); step() returns the Connection once the client confirms
+/// (ESTABLISHED), and fails at deadline() (ListenOptions::handshake_timeout). Move-only;
+/// destroying it abandons the connection. One thread at a time.
+class PendingAccept {
+ public:
+  /// Moves the handshake in progress; the source is left empty.
+  PendingAccept(PendingAccept&&) noexcept;
+  /// Moves the handshake in progress; the one this held is abandoned.
+  PendingAccept& operator=(PendingAccept&&) noexcept;
+  PendingAccept(const PendingAccept&) = delete;
+  PendingAccept& operator=(const PendingAccept&) = delete;
+  ~PendingAccept();
+
+  ///@{
+  /// The Connection once the client confirmed, else empty, without blocking. Throws
+  /// ConnectError (phase accept) when the handshake failed or its limit passed.
+  [[nodiscard]] std::optional<Connection> step();
+  [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
+  ///@}
+  /// The connection's own event channel fd (non-blocking): readable when step() has news.
+  [[nodiscard]] int fd() const noexcept;
+  /// When the handshake's limit passes.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
+
+ private:
+  friend class Listener;
+  struct Impl;
+  explicit PendingAccept(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// The device that owns a local IP address, as librdmacm sees it: a PD, CQ or SRQ made from it
 /// can be shared by connections on that address (ConnectionOptions::pd and the CQ pointers).
@@ -395,6 +476,13 @@ class Listener {
   /// As above, reporting failure through `ec` (and returning empty).
   [[nodiscard]] std::optional<Connection> accept(std::chrono::milliseconds timeout, const ConnectionOptions& options,
                                                  std::error_code& ec);
+  /// accept() without blocking, for an event loop: takes a pending connection request, if any,
+  /// answers it (ConnectionOptions::before_handshake runs here) and returns the handshake in
+  /// progress; empty when no request is pending. Call it when fd() is readable, until empty.
+  /// Throws ConnectError as accept() does (the request is then rejected, and the next one may
+  /// be taken).
+  [[nodiscard]] std::optional<PendingAccept> start_accept(const ConnectionOptions& options = {},
+                                                          SourceLocation where = SourceLocation::current());
 
   /// The port listened on (the one the system chose when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;

@@ -1362,6 +1362,126 @@ TEST_F(Cm, AClientThatTakesASmallerMtuHasTheServerWriteAtIt) {
   check_writes_both_ways(client, conn, 1000);
 }
 
+// One thread and no blocking call (suite CmEventLoop): start_connect() and start_accept() with
+// PendingConnect/PendingAccept, driven by poll(2) on their fds. Each step() must return at once
+// (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
+using CmEventLoop = Cm;
+
+struct StepClock {
+  std::chrono::steady_clock::duration longest{};
+  template <typename F>
+  auto operator()(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+    return r;
+  }
+};
+
+TEST_F(CmEventLoop, OneThreadConnectsAndAcceptsManyAtOnceWithoutBlocking) {
+  constexpr std::size_t kClients = 16;
+  cm::Listener listener(test_addr(), 0);
+  StepClock clock;
+  std::vector<cm::PendingConnect> connecting;
+  for (std::size_t i = 0; i < kClients; ++i)
+    connecting.push_back(clock([&] { return cm::start_connect(test_addr(), listener.port(), {.timeout = 20s}); }));
+  std::vector<std::optional<cm::PendingConnect>> clients_pending(kClients);
+  for (std::size_t i = 0; i < kClients; ++i) clients_pending[i].emplace(std::move(connecting[i]));
+  std::vector<cm::PendingAccept> accepting;
+  std::vector<cm::Connection> clients, servers;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while ((clients.size() < kClients || servers.size() < kClients) && std::chrono::steady_clock::now() < deadline) {
+    std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
+    for (auto& p : clients_pending)
+      if (p) fds.push_back({p->fd(), POLLIN, 0});
+    for (auto& p : accepting) fds.push_back({p.fd(), POLLIN, 0});
+    ASSERT_GE(::poll(fds.data(), fds.size(), 100), 0);
+    while (auto a = clock([&] { return listener.start_accept(); })) accepting.push_back(std::move(*a));
+    for (auto& p : clients_pending) {
+      if (!p) continue;
+      if (auto c = clock([&] { return p->step(); })) {
+        clients.push_back(std::move(*c));
+        p.reset();
+      }
+    }
+    for (auto it = accepting.begin(); it != accepting.end();) {
+      if (auto c = clock([&] { return it->step(); })) {
+        servers.push_back(std::move(*c));
+        it = accepting.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  ASSERT_EQ(clients.size(), kClients);
+  ASSERT_EQ(servers.size(), kClients);
+  EXPECT_LT(clock.longest, 1s) << "a step blocked for " << std::chrono::duration<double>(clock.longest).count() << " s";
+  // Each pair works: the server with this client's port receives its message.
+  std::vector<MemoryRegion> bufs;  // each kept until its request completed
+  for (cm::Connection& server : servers) {
+    bufs.push_back(MemoryRegion::allocate(server.pd(), 64, Access::local_write));
+    ASSERT_TRUE(server.qp().post_recv(bufs.back().slice(0, 64), 1).ok());
+  }
+  for (cm::Connection& client : clients) {
+    bufs.push_back(MemoryRegion::allocate(client.pd(), 64, Access::local_write));
+    ASSERT_TRUE(client.qp().post_send(bufs.back().slice(0, 64)).ok());
+    const auto sent = client.wait_one(client.send_cq(), 10s);
+    ASSERT_TRUE(sent.has_value());
+    EXPECT_TRUE(sent->ok()) << sent->error_code().message();
+  }
+  for (cm::Connection& server : servers) {
+    const auto got = server.wait_one(server.recv_cq(), 10s);
+    ASSERT_TRUE(got.has_value()) << "a server connection got nothing";
+    EXPECT_TRUE(got->ok());
+  }
+}
+
+TEST_F(CmEventLoop, APendingConnectToNoListenerFailsInItsConnectPhase) {
+  std::uint16_t port = 0;
+  {
+    cm::Listener probe(test_addr(), 0);
+    port = probe.port();
+  }
+  cm::PendingConnect p = cm::start_connect(test_addr(), port, {.timeout = 10s});
+  std::error_code ec;
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (!ec && std::chrono::steady_clock::now() < deadline) {
+    pollfd f{p.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, 100);
+    ASSERT_FALSE(p.step(ec).has_value());
+  }
+  EXPECT_EQ(ec, std::errc::connection_refused) << ec.message();
+  EXPECT_EQ(p.phase(), Phase::connect);
+  // Failed once, it stays failed, with the same error.
+  const auto again = connect_error([&] { (void)p.step(); });
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->code(), std::errc::connection_refused);
+  EXPECT_NE(std::string(again->what()).find("no listener"), std::string::npos) << again->what();
+}
+
+TEST_F(CmEventLoop, APendingConnectToASilentAddressFailsAtItsDeadline) {
+  std::string addr = test_addr();
+  addr = addr.substr(0, addr.rfind('.')) + ".77";
+  const auto t0 = std::chrono::steady_clock::now();
+  cm::PendingConnect p = cm::start_connect(addr, 7471, {.timeout = 3s, .resolve_timeout = 1s});
+  EXPECT_LE(p.deadline(), t0 + 1500ms) << "the resolution's deadline is its own limit";
+  std::optional<ConnectError> e;
+  StepClock clock;
+  while (!e && std::chrono::steady_clock::now() < t0 + 10s) {
+    pollfd f{p.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, std::max<int>(0, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             p.deadline() - std::chrono::steady_clock::now()).count())));
+    e = connect_error([&] { (void)clock([&] { return p.step(); }); });
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(e) << "no failure within 10 s";
+  EXPECT_TRUE(e->code() == std::errc::timed_out || e->code() == std::errc::host_unreachable) << e->what();
+  EXPECT_EQ(e->phase(), Phase::resolve_address) << e->what();
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_LT(clock.longest, 500ms);
+}
+
 // Threads (suite CmThreads, run under ThreadSanitizer by scripts/test): the common pattern of
 // one thread sending and waiting on send_cq while another receives and waits on recv_cq, on one
 // connection. Both must see the peer's disconnect, and soon, whichever of them reads the event:
