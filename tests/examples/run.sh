@@ -3,8 +3,8 @@
 # every process exits as expected and prints what it should.
 #
 # Usage: run.sh CASE BIN_DIR
-#   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, read_remote, atomic_counter,
-#            srq_server, or help (every example's --help and a bad option; needs no device)
+#   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, echo_epoll, read_remote,
+#            atomic_counter, srq_server, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
 # Two hosts: under scripts/rxe-pair (VERBS_PAIR_DIR and VERBS_PEER_ADDR set), the server runs
@@ -118,7 +118,7 @@ fi
 
 case $case_name in
   help)
-    for prog in write_pingpong send_recv read_remote atomic_counter srq_server; do
+    for prog in write_pingpong send_recv echo_epoll read_remote atomic_counter srq_server; do
       start help --help
       finish 0
       expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
@@ -186,6 +186,37 @@ case $case_name in
     expect client3 '^send_recv: 200 messages of 1 bytes echoed and checked$'
     expect server "^send_recv: $addr:[0-9]+ left after (300|100|200) echoes$" 3
     expect server '^send_recv: served 3 clients, 600 messages$'
+    ;;
+  echo_epoll)
+    # One thread serves 53 clients: one silent (dropped at the server's 5 s idle limit), one
+    # killed mid-run (the server notices on its rdma_cm fd and goes on), 50 at once with every
+    # echo checked, then one more, which proves the server still serves. No round of its loop
+    # may take 1 s (it never blocks but in epoll_wait).
+    start_server -c 53 -i 5
+    start silent -p "$port" -n 0 -w 12 "$server_addr"
+    start victim -p "$port" -n 100000000 "$server_addr"
+    sleep 2
+    pkill -KILL -P "${pids[2]}"  # the victim itself, not the timeout(1) that runs it
+    start many -p "$port" -c 50 -n 100 -s 256 "$server_addr"
+    wait "${pids[3]}" || fail "the 50 clients failed"
+    start last -p "$port" -n 10 "$server_addr"
+    wait "${pids[4]}" || fail "the last client failed"
+    wait "${pids[1]}" || fail "the silent client failed"
+    wait "${pids[2]}" 2>/dev/null
+    wait "${pids[0]}" || fail "the server failed"
+    for label in server silent many last; do
+      echo "---- $label:"
+      cat "$work/$label.out"
+      sed 's/^/stderr: /' "$work/$label.err"
+    done
+    pids=() labels=()
+    expect many '^echo_epoll: 50 connections, 100 messages of 256 bytes each, echoed and checked$'
+    expect last '^echo_epoll: 1 connections, 10 messages of 64 bytes each, echoed and checked$'
+    expect server ': 0 echoes; silent for 5 s: dropped$'
+    expect server ': [0-9]+ echoes; (gone|a request failed: .*)$' 52
+    expect server '^echo_epoll: served 53 clients, [0-9]+ messages \(1 silent and dropped, [0-9]+ gone\); longest step [0-9]+ ms$'
+    longest=$(sed -n 's/^echo_epoll: served .*; longest step \([0-9]*\) ms$/\1/p' "$work/server.out")
+    [ -n "$longest" ] && [ "$longest" -lt $((1000 * scale)) ] || fail "a round of the server's loop took ${longest:-?} ms (bound $((1000 * scale)) ms)"
     ;;
   read_remote)
     # The default 1 MiB, in reads of a size that does not divide it.

@@ -1,7 +1,7 @@
 # The example programs run as a server and its clients (tests/examples/run.sh). The device
 # cases skip (77) without an RDMA device; example.help needs none.
 # Included from tests/CMakeLists.txt when the examples are built.
-set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv read_remote atomic_counter srq_server)
+set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv echo_epoll read_remote atomic_counter srq_server)
 foreach(case IN LISTS verbs_example_cases)
   add_test(NAME example.${case}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
