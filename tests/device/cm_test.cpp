@@ -1801,5 +1801,39 @@ TEST_F(Cm, DeviceFatalEndsEveryConnectionOnTheDevice) {
   }
 }
 
+
+// A real event (SRQ_LIMIT_REACHED of an SRQ behind a connection) read by the connection's
+// wait(), which polls the device's async fd: not the connection's end, and kept for the user.
+TEST_F(Cm, AnEventAWaitReadsIsNotItsEndAndIsKeptForTheUser) {
+  const ProtectionDomain pd(*device);
+  SharedReceiveQueue srq(pd, {.max_wr = 16, .limit = 2});
+  auto buf = MemoryRegion::allocate(pd, 4096, Access::local_write);
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(srq.post_recv(buf.slice(i * 64, 64), i).ok());
+  cm::Listener listener(test_addr(), 0);
+  CmPair p = connect_pair(listener, {.qp = {.srq = &srq}, .pd = &pd});
+  std::array<AsyncEvent, 16> drained{};
+  (void)device->poll_async_events(drained);
+  const auto hub = detail::async_hub(device->shared_handle());
+  ASSERT_EQ(hub->kept(), 0u);
+  auto src = MemoryRegion::allocate(p.client.pd(), 64, Access::local_write);
+  for (std::uint64_t i = 0; i < 2; ++i) ASSERT_TRUE(p.client.qp().post_send(src.slice(0, 16), {.wr_id = i}).ok());
+  std::array<Completion, 4> wcs{};
+  std::size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (got < 2 && std::chrono::steady_clock::now() < deadline)
+    got += p.server.wait(p.server.recv_cq(), std::span(wcs).subspan(got), 1s).size();
+  ASSERT_EQ(got, 2u);
+  // The limit event fires about 2 ms after the receive that crossed it: the wait reads it.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (hub->kept() == 0 && std::chrono::steady_clock::now() - t0 < 2s)
+    EXPECT_TRUE(p.server.wait(p.server.recv_cq(), std::span(wcs), 100ms).empty());
+  EXPECT_TRUE(p.server.connected()) << "an event not of its QP ended the connection";
+  ASSERT_GE(hub->kept(), 1u) << "wait() did not read the device's async event";
+  const auto kept = device->poll_async_events(drained);
+  const auto it = std::find_if(kept.begin(), kept.end(), [&](const AsyncEvent& e) { return e.concerns(srq); });
+  ASSERT_NE(it, kept.end()) << "the SRQ's event was not kept for Device::poll_async_events";
+  EXPECT_EQ(it->type, IBV_EVENT_SRQ_LIMIT_REACHED);
+}
+
 }  // namespace
 }  // namespace verbs::test
