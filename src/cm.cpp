@@ -466,8 +466,16 @@ struct Connection::Impl {
   // answer: over_fd, readable already, would make it spin.
   int over_fd = -1;
   int gone_fd = -1;
+  // The device context's async event reader (Device's), and what it told of this QP: the type of
+  // the first QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR of the QP or DEVICE_FATAL (-1: none). Set by
+  // whichever thread reads the event, this connection's waiter or not (on_async_event).
+  std::shared_ptr<detail::AsyncHub> hub;
+  bool routed = false;
+  std::atomic<int> fatal_event{-1};
 
   ~Impl() {
+    // Out of the hub first: its route must not be called with this Impl half destroyed.
+    if (routed) hub->remove_route(qp->native_handle());
     if (established && !disconnected) {
       to_error();
       rdma_disconnect(id.get());
@@ -577,6 +585,10 @@ struct Connection::Impl {
     // went through rights never granted. This side makes every transition itself (transition()).
     qp.emplace(*pd, *send_cq, *recv_cq, q, where);
     qp_num = qp->qp_num();
+    // Async events of this QP (and DEVICE_FATAL) end the connection as a disconnect does.
+    hub = detail::async_hub(device->shared_handle());
+    hub->add_route(qp->native_handle(), qp_num, {&Impl::on_async_event, this});
+    routed = true;
     access = o.qp.access;
     transport = o.transport;
     transition(IBV_QPS_INIT, phase, where);
@@ -680,14 +692,53 @@ struct Connection::Impl {
     }
   }
 
-  /// The connection is over: the peer left, the device went, or this side disconnected.
-  [[nodiscard]] bool over() const noexcept { return peer_gone || device_removed || disconnected; }
+  /// The async event reader's route (detail::AsyncRoute), under its lock: an event of this QP,
+  /// or DEVICE_FATAL. The ones that put the QP (or the device) in error end the connection.
+  static void on_async_event(void* self, const AsyncEvent& e) noexcept {
+    auto& c = *static_cast<Impl*>(self);
+    const bool ends = e.type == IBV_EVENT_QP_FATAL || e.type == IBV_EVENT_QP_REQ_ERR ||
+                      e.type == IBV_EVENT_QP_ACCESS_ERR || e.type == IBV_EVENT_DEVICE_FATAL;
+    if (!ends) return;
+    int none = -1;
+    (void)c.fatal_event.compare_exchange_strong(none, static_cast<int>(e.type));
+    c.wake_all();
+  }
+
+  /// Reads the device context's pending async events (routing them, this connection's and
+  /// others', and keeping them for Device::poll_async_events) without blocking.
+  void pump_async(std::error_code& ec) noexcept { hub->pump(ec); }
+
+  /// A fatal async event of the QP or the device ended the connection.
+  [[nodiscard]] bool failed() const noexcept { return fatal_event.load() >= 0; }
+
+  /// The errno a wait() fails with once the connection is over.
+  [[nodiscard]] int over_errno() const noexcept {
+    if (const int t = fatal_event.load(); t >= 0) return t == IBV_EVENT_DEVICE_FATAL ? ENODEV : EIO;
+    return peer_gone ? ECONNRESET : device_removed ? ENODEV : ENOTCONN;
+  }
+
+  /// What ended the connection, in words.
+  [[nodiscard]] std::string over_text() const {
+    if (const int t = fatal_event.load(); t >= 0) {
+      AsyncEvent e;
+      e.type = static_cast<ibv_event_type>(t);
+      return std::string(t == IBV_EVENT_DEVICE_FATAL ? "the RDMA device" : "the connection's QP") +
+             " got the async event " + std::string(e.type_name()) + " (" + std::string(e.name()) + ")";
+    }
+    return peer_gone        ? "the peer disconnected"
+           : device_removed ? "the RDMA device was removed (DEVICE_REMOVAL)"
+                            : "the connection was closed on this side";
+  }
+
+  /// The connection is over: the peer left, the device went, a fatal async event came, or
+  /// this side disconnected.
+  [[nodiscard]] bool over() const noexcept { return peer_gone || device_removed || disconnected || failed(); }
 
   /// After the peer left (or the device went): disconnect our side too, which moves the QP to
   /// ERR and flushes what is still posted (rxe leaves the QP in RTS otherwise, and a receive
   /// would wait forever).
   void settle() noexcept {
-    if ((peer_gone || device_removed) && !disconnected.exchange(true)) {
+    if ((peer_gone || device_removed || failed()) && !disconnected.exchange(true)) {
       to_error();  // once, whichever thread gets here first
       rdma_disconnect(id.get());
       wake_all();
@@ -898,21 +949,19 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     }
     std::error_code ec;
     if (c.pump(ec), ec) fail(ec.value(), Phase::established, "exchange: rdma_get_cm_event", where);
+    if (busy && (c.pump_async(ec), ec)) fail(ec.value(), Phase::established, "exchange: ibv_get_async_event", where);
     if (c.over()) {
       // As wait(): what is in the CQs comes first (the loop takes it), then the error.
       if (collect_all(false) != 0) continue;
       c.settle();
-      fail(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, Phase::established,
-           c.peer_gone        ? "exchange: the peer disconnected"
-           : c.device_removed ? "exchange: the RDMA device was removed"
-                              : "exchange: the connection was closed on this side", where);
+      fail(c.over_errno(), Phase::established, "exchange: " + c.over_text(), where);
     }
     if (Clock::now() >= deadline) timed_out();
     if (busy) continue;
     if (collect_all(true) != 0) continue;
     // Asleep until a CQ has an event, the cm channel one, the connection is over, or another
     // connection's exchange() keeps something for one of the CQs.
-    std::array<pollfd, 6> fds{};
+    std::array<pollfd, 7> fds{};
     nfds_t k = 0;
     fds[k++] = {rcq.fd(), POLLIN, 0};
     if (!one_cq) fds[k++] = {scq.fd(), POLLIN, 0};
@@ -921,8 +970,13 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     if (!one_cq) fds[k++] = {c.send_held.fd, POLLIN, 0};
     fds[k++] = {c.channel->fd, POLLIN, 0};
     fds[k++] = {c.over_fd, POLLIN, 0};
+    const nfds_t async_at = k;
+    fds[k++] = {c.hub->native_fd(), POLLIN, 0};
     if (::poll(fds.data(), k, std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
       fail(errno, Phase::established, "exchange: poll", where);
+    if (fds[async_at].revents != 0) {
+      if (c.pump_async(ec), ec) fail(ec.value(), Phase::established, "exchange: ibv_get_async_event", where);
+    }
     for (nfds_t i = held_at; i < held_at + (one_cq ? 1 : 2); ++i)
       if (fds[i].revents != 0) Impl::drain(fds[i].fd);
     if (fds[0].revents != 0) consume(rcq, *c.recv_held.store);
@@ -945,8 +999,10 @@ bool Connection::poll_events(SourceLocation where) {
   std::error_code ec;
   impl_->pump(ec);
   if (ec) fail(ec.value(), Phase::established, "rdma_get_cm_event", where);
+  impl_->pump_async(ec);
+  if (ec) fail(ec.value(), Phase::established, "ibv_get_async_event", where);
   impl_->settle();
-  return !impl_->peer_gone && !impl_->device_removed;
+  return !impl_->peer_gone && !impl_->device_removed && !impl_->failed();
 }
 
 bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) noexcept {
@@ -1015,7 +1071,7 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   const auto finish = [&]() -> std::span<Completion> {
     if (auto got = poll(false); !got.empty() || ec) return got;
     c.settle();
-    ec.assign(c.peer_gone ? ECONNRESET : c.device_removed ? ENODEV : ENOTCONN, std::generic_category());
+    ec.assign(c.over_errno(), std::generic_category());
     return {};
   };
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
@@ -1028,6 +1084,7 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
       // empty poll, which would cost a busy-polling ping-pong a system call per round trip).
       if ((++spins & 1023u) == 0 || (first && closed())) {
         if (c.pump(ec), ec) return {};
+        if (c.pump_async(ec), ec) return {};
         if (closed()) return finish();
       }
       if (Clock::now() >= deadline) return {};
@@ -1041,10 +1098,16 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
     // completion that would have raised the event), or took the CQ's event (see below).
     const bool of_connection = cq.shared_handle().get() == held.cq;
     const int held_fd = of_connection ? held.fd : -1;  // poll(2) skips -1
-    pollfd fds[4] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}, {held_fd, POLLIN, 0}};
-    if (::poll(fds, 4, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
+    // The device's async fd: an event of this QP (or DEVICE_FATAL) ends the connection; any
+    // other is kept for Device::poll_async_events by the reader (detail::AsyncHub).
+    pollfd fds[5] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}, {held_fd, POLLIN, 0},
+                     {c.hub->native_fd(), POLLIN, 0}};
+    if (::poll(fds, 5, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
+    }
+    if (fds[4].revents != 0) {
+      if (c.pump_async(ec), ec) return {};
     }
     if (fds[3].revents != 0) Impl::drain(held_fd);  // before the store is looked at again
     if (fds[0].revents != 0) {
@@ -1075,12 +1138,10 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
                                                 bool busy, SourceLocation where) {
   std::error_code ec;
   auto got = busy ? spin(cq, out, timeout, ec) : wait(cq, out, timeout, ec);
-  if (ec)
-    fail(ec.value(), Phase::established,
-         ec.value() == ECONNRESET   ? "the peer disconnected"
-         : ec.value() == ENODEV     ? "the RDMA device was removed (DEVICE_REMOVAL)"
-         : ec.value() == ENOTCONN   ? "the connection was closed on this side"
-                                    : "waiting for completions", where);
+  if (ec) {
+    const bool ended = impl_->over() && ec.value() == impl_->over_errno();
+    fail(ec.value(), Phase::established, ended ? impl_->over_text() : "waiting for completions", where);
+  }
   return got;
 }
 

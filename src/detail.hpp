@@ -5,7 +5,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
 #include <vector>
 
 #include <infiniband/verbs.h>
@@ -51,5 +58,61 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation whe
 /// fe80:: only; the port's own netdev (that of the GID at index 0, derived from its MAC)
 /// before a VLAN or macvlan on it; IPv4-mapped before global IPv6.
 std::optional<GidChoice> choose_roce_gid(const std::vector<GidEntry>& table);
+
+/// Who wants to hear of the async events of one QP (the cm connection owning it): `fn(self,
+/// event)` is called, under the hub's lock, for each event of that QP and for DEVICE_FATAL. It
+/// must not block nor call into the hub (it sets flags and writes an eventfd).
+struct AsyncRoute {
+  void (*fn)(void* self, const AsyncEvent& event) noexcept = nullptr;
+  void* self = nullptr;
+};
+
+/// The one reader of a device context's async events in the process (Device's async calls).
+/// It reads and acknowledges them, calls the route of the QP an event concerns, and keeps every
+/// event for Device::poll_async_events (at most `max_kept`, dropping the oldest). fd() is an
+/// epoll descriptor over the context's async fd and an eventfd readable while events are kept.
+class AsyncHub {
+ public:
+  static constexpr std::size_t max_kept = 1024;
+  explicit AsyncHub(std::shared_ptr<ibv_context> ctx);  // throws Error (epoll_create1, eventfd)
+  AsyncHub(const AsyncHub&) = delete;
+  AsyncHub& operator=(const AsyncHub&) = delete;
+  ~AsyncHub();
+
+  [[nodiscard]] int fd() const noexcept { return epoll_fd_; }
+  /// The context's own async fd (non-blocking), -1 without one (the host tests' stub).
+  [[nodiscard]] int native_fd() const noexcept { return ctx_->async_fd; }
+  /// Reads every event pending in the context's fd, and delivers each. Sets `ec` on failure.
+  void pump(std::error_code& ec) noexcept;
+  /// pump(), then moves up to out.size() kept events into `out`; returns how many.
+  std::size_t take(std::span<AsyncEvent> out, std::error_code& ec) noexcept;
+  /// What pump() does with each event read (after its acknowledgement): route it, keep it. The
+  /// test seam for events a device cannot be made to raise.
+  void deliver(const AsyncEvent& event) noexcept;
+  /// Routes the events of `qp` (QP number `qp_num`) to `route`; throws std::bad_alloc.
+  void add_route(const ibv_qp* qp, std::uint32_t qp_num, AsyncRoute route);
+  /// Stops routing to `qp`: once it returns, its route is not called any more.
+  void remove_route(const ibv_qp* qp) noexcept;
+  /// Events kept for Device::poll_async_events (for tests).
+  [[nodiscard]] std::size_t kept() const noexcept;
+
+ private:
+  void deliver_locked(const AsyncEvent& event) noexcept;
+  std::shared_ptr<ibv_context> ctx_;  // kept alive: the registry's key must not be reused meanwhile
+  int epoll_fd_ = -1;
+  int kept_fd_ = -1;  // eventfd: readable while `kept_` is not empty
+  mutable std::mutex mutex_;
+  std::deque<AsyncEvent> kept_;
+  struct Target {
+    std::uint32_t qp_num;
+    AsyncRoute route;
+  };
+  std::unordered_map<const ibv_qp*, Target> routes_;
+};
+
+/// The hub of `ctx`, shared by every Device (and connection) on that context while one lives.
+std::shared_ptr<AsyncHub> async_hub(const std::shared_ptr<ibv_context>& ctx);
+/// The event type's enumerator without IBV_EVENT_ ("QP_FATAL"), "UNKNOWN" for another value.
+std::string_view async_event_type_name(ibv_event_type type) noexcept;
 
 }  // namespace verbs::detail

@@ -4,7 +4,10 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -13,6 +16,9 @@
 #include <string>
 
 #include "detail.hpp"
+#include "verbs/completion_queue.hpp"
+#include "verbs/queue_pair.hpp"
+#include "verbs/shared_receive_queue.hpp"
 
 namespace verbs {
 namespace {
@@ -104,7 +110,10 @@ AsyncEvent AsyncEvent::from(const ibv_async_event& e) noexcept {
     case IBV_EVENT_PATH_MIG:
     case IBV_EVENT_PATH_MIG_ERR:
     case IBV_EVENT_QP_LAST_WQE_REACHED:
-      ev.object_context = e.element.qp != nullptr ? e.element.qp->qp_context : nullptr;
+      if (e.element.qp != nullptr) {
+        ev.object_context = e.element.qp->qp_context;
+        ev.object_qp_num = e.element.qp->qp_num;
+      }
       break;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
@@ -134,6 +143,63 @@ std::uint8_t AsyncEvent::port() const noexcept {
   }
 }
 
+bool AsyncEvent::is_qp_event() const noexcept {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return true;
+    default:
+      return false;
+  }
+}
+bool AsyncEvent::is_srq_event() const noexcept {
+  return type == IBV_EVENT_SRQ_ERR || type == IBV_EVENT_SRQ_LIMIT_REACHED;
+}
+bool AsyncEvent::is_cq_event() const noexcept { return type == IBV_EVENT_CQ_ERR; }
+bool AsyncEvent::is_port_event() const noexcept {
+  switch (type) {
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+      return true;
+    default:
+      return false;
+  }
+}
+bool AsyncEvent::is_fatal() const noexcept {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_CQ_ERR:
+    case IBV_EVENT_DEVICE_FATAL:
+      return true;
+    default:
+      return false;
+  }
+}
+std::string_view AsyncEvent::type_name() const noexcept { return detail::async_event_type_name(type); }
+bool AsyncEvent::concerns(const QueuePair& q) const noexcept {
+  return q.native_handle() != nullptr && qp() == q.native_handle() && object_qp_num == q.qp_num();
+}
+bool AsyncEvent::concerns(const SharedReceiveQueue& s) const noexcept {
+  return s.native_handle() != nullptr && srq() == s.native_handle();
+}
+bool AsyncEvent::concerns(const CompletionQueue& c) const noexcept {
+  return c.native_handle() != nullptr && cq() == c.native_handle();
+}
+
 std::vector<DeviceInfo> list_devices() {
   const DeviceList l;
   if (l.list == nullptr) {
@@ -148,6 +214,7 @@ std::vector<DeviceInfo> list_devices() {
 
 Device::Device(std::shared_ptr<ibv_context> ctx, std::string name, SourceLocation where)
     : ctx_(std::move(ctx)), name_(std::move(name)) {
+  hub_ = detail::async_hub(ctx_);
   detail::check_rc(ibv_query_device_ex(ctx_.get(), nullptr, &attr_), "ibv_query_device_ex", where);
 }
 
@@ -182,6 +249,7 @@ Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
 
 void Device::swap(Device& o) noexcept {
   ctx_.swap(o.ctx_);
+  hub_.swap(o.hub_);
   name_.swap(o.name_);
   std::swap(attr_, o.attr_);
 }
@@ -199,26 +267,37 @@ GidChoice Device::choose_gid(std::uint8_t port_num) const {
   return detail::choose_gid(ctx_.get(), port_num);
 }
 
+int Device::async_fd() const noexcept { return hub_ ? hub_->fd() : -1; }
+
+std::span<AsyncEvent> Device::poll_async_events(std::span<AsyncEvent> out, std::error_code& ec) const noexcept {
+  ec.clear();
+  if (!hub_) {
+    ec = make_error_code(Errc::empty_object);
+    return {};
+  }
+  return out.first(hub_->take(out, ec));
+}
+
+std::span<AsyncEvent> Device::poll_async_events(std::span<AsyncEvent> out, SourceLocation where) const {
+  detail::require_not_empty(ctx_ != nullptr, "Device::poll_async_events: the Device", where);
+  std::error_code ec;
+  auto got = poll_async_events(out, ec);
+  if (ec) detail::throw_error(ec, "ibv_get_async_event", where);
+  return got;
+}
+
 std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds timeout) const {
   detail::require_not_empty(ctx_ != nullptr, "Device::wait_async_event: the Device", SourceLocation::current());
   const auto deadline = detail::deadline_after(timeout);
-  ibv_async_event raw{};
   for (;;) {
-    pollfd p{ctx_->async_fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, detail::poll_ms_until(deadline));
-    if (n < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
+    AsyncEvent ev;
+    if (!poll_async_events(std::span(&ev, 1)).empty()) return ev;
     // A signal (EINTR) is not the end of the wait, nor is another reader taking the event first.
-    if (n > 0) {
-      if (ibv_get_async_event(ctx_.get(), &raw) == 0) break;
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        detail::throw_errno(errno, "ibv_get_async_event", SourceLocation::current());
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    const int left = detail::poll_ms_until(deadline);
+    if (left <= 0) return std::nullopt;
+    pollfd p{hub_->fd(), POLLIN, 0};
+    if (::poll(&p, 1, left) < 0 && errno != EINTR) detail::throw_errno(errno, "poll(async_fd)", SourceLocation::current());
   }
-  // The object's context is read before the acknowledgement, which lets its destruction go on.
-  const AsyncEvent ev = AsyncEvent::from(raw);
-  ibv_ack_async_event(&raw);
-  return ev;
 }
 
 namespace detail {
@@ -358,6 +437,153 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation whe
   if (c->entry.type == GidType::roce_v2 && c->entry.gid.is_ipv4_mapped() && (own.empty() || c->entry.netdev == own))
     g_cache.push_back({ctx, port_num, *c});
   return *c;
+}
+
+
+std::string_view async_event_type_name(ibv_event_type type) noexcept {
+  switch (type) {
+    case IBV_EVENT_CQ_ERR: return "CQ_ERR";
+    case IBV_EVENT_QP_FATAL: return "QP_FATAL";
+    case IBV_EVENT_QP_REQ_ERR: return "QP_REQ_ERR";
+    case IBV_EVENT_QP_ACCESS_ERR: return "QP_ACCESS_ERR";
+    case IBV_EVENT_COMM_EST: return "COMM_EST";
+    case IBV_EVENT_SQ_DRAINED: return "SQ_DRAINED";
+    case IBV_EVENT_PATH_MIG: return "PATH_MIG";
+    case IBV_EVENT_PATH_MIG_ERR: return "PATH_MIG_ERR";
+    case IBV_EVENT_DEVICE_FATAL: return "DEVICE_FATAL";
+    case IBV_EVENT_PORT_ACTIVE: return "PORT_ACTIVE";
+    case IBV_EVENT_PORT_ERR: return "PORT_ERR";
+    case IBV_EVENT_LID_CHANGE: return "LID_CHANGE";
+    case IBV_EVENT_PKEY_CHANGE: return "PKEY_CHANGE";
+    case IBV_EVENT_SM_CHANGE: return "SM_CHANGE";
+    case IBV_EVENT_SRQ_ERR: return "SRQ_ERR";
+    case IBV_EVENT_SRQ_LIMIT_REACHED: return "SRQ_LIMIT_REACHED";
+    case IBV_EVENT_QP_LAST_WQE_REACHED: return "QP_LAST_WQE_REACHED";
+    case IBV_EVENT_CLIENT_REREGISTER: return "CLIENT_REREGISTER";
+    case IBV_EVENT_GID_CHANGE: return "GID_CHANGE";
+    case IBV_EVENT_WQ_FATAL: return "WQ_FATAL";
+  }
+  return "UNKNOWN";
+}
+
+AsyncHub::AsyncHub(std::shared_ptr<ibv_context> ctx) : ctx_(std::move(ctx)) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) throw_errno(errno, "epoll_create1 (the device's async_fd)", SourceLocation::current());
+  kept_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (kept_fd_ < 0) {
+    const int err = errno;
+    ::close(epoll_fd_);
+    throw_errno(err, "eventfd (the device's async_fd)", SourceLocation::current());
+  }
+  epoll_event e{};
+  e.events = EPOLLIN;
+  (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, kept_fd_, &e);
+  if (native_fd() >= 0) (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, native_fd(), &e);
+}
+
+AsyncHub::~AsyncHub() {
+  ::close(epoll_fd_);
+  ::close(kept_fd_);
+}
+
+void AsyncHub::pump(std::error_code& ec) noexcept {
+  ec.clear();
+  if (native_fd() < 0) return;
+  const std::lock_guard lock(mutex_);
+  for (;;) {
+    ibv_async_event raw{};
+    if (ibv_get_async_event(ctx_.get(), &raw) != 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ec.assign(errno, std::generic_category());
+      return;
+    }
+    // What the event concerns is read before the acknowledgement, which lets its object's
+    // destruction go on; routing compares handles only. A QP destroyed after the
+    // acknowledgement cannot be replaced by a new one at the same address and registered
+    // before the event is routed: add_route waits for this lock.
+    const AsyncEvent ev = AsyncEvent::from(raw);
+    ibv_ack_async_event(&raw);
+    deliver_locked(ev);
+  }
+}
+
+std::size_t AsyncHub::take(std::span<AsyncEvent> out, std::error_code& ec) noexcept {
+  pump(ec);
+  const std::lock_guard lock(mutex_);
+  const std::size_t n = std::min(out.size(), kept_.size());
+  std::copy_n(kept_.begin(), n, out.begin());
+  kept_.erase(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(n));
+  if (kept_.empty()) {
+    std::uint64_t v = 0;
+    (void)!::read(kept_fd_, &v, sizeof v);
+  }
+  return n;
+}
+
+void AsyncHub::deliver(const AsyncEvent& event) noexcept {
+  const std::lock_guard lock(mutex_);
+  deliver_locked(event);
+}
+
+void AsyncHub::deliver_locked(const AsyncEvent& event) noexcept {
+  if (event.is_device_event()) {
+    for (const auto& [qp, t] : routes_) t.route.fn(t.route.self, event);
+  } else if (event.is_qp_event()) {
+    if (const auto it = routes_.find(event.qp()); it != routes_.end() && it->second.qp_num == event.qp_num())
+      it->second.route.fn(it->second.route.self, event);
+  }
+  try {
+    if (kept_.size() >= max_kept) kept_.pop_front();
+    kept_.push_back(event);
+  } catch (const std::bad_alloc&) {
+    return;  // out of memory: the event is lost for poll_async_events, not for its route
+  }
+  const std::uint64_t one = 1;
+  (void)!::write(kept_fd_, &one, sizeof one);
+}
+
+void AsyncHub::add_route(const ibv_qp* qp, std::uint32_t qp_num, AsyncRoute route) {
+  const std::lock_guard lock(mutex_);
+  routes_[qp] = Target{qp_num, route};
+}
+
+void AsyncHub::remove_route(const ibv_qp* qp) noexcept {
+  const std::lock_guard lock(mutex_);
+  routes_.erase(qp);
+}
+
+std::size_t AsyncHub::kept() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return kept_.size();
+}
+
+namespace {
+/// The hubs of the contexts that Devices use (weak: a hub lives as long as a Device on its
+/// context). Never destroyed: Devices may outlive static destruction.
+struct HubRegistry {
+  std::mutex mutex;
+  std::unordered_map<const ibv_context*, std::weak_ptr<AsyncHub>> hubs;
+};
+HubRegistry& hub_registry() {
+  static auto* registry = new HubRegistry;  // NOLINT(cppcoreguidelines-owning-memory): see above
+  return *registry;
+}
+}  // namespace
+
+std::shared_ptr<AsyncHub> async_hub(const std::shared_ptr<ibv_context>& ctx) {
+  HubRegistry& r = hub_registry();
+  const std::lock_guard lock(r.mutex);
+  std::weak_ptr<AsyncHub>& slot = r.hubs[ctx.get()];
+  if (auto hub = slot.lock()) return hub;
+  const ibv_context* key = ctx.get();
+  // The registry's entry goes with the hub, unless a new hub took it meanwhile.
+  std::shared_ptr<AsyncHub> hub(new AsyncHub(ctx), [key](AsyncHub* h) {
+    delete h;  // NOLINT(cppcoreguidelines-owning-memory)
+    HubRegistry& reg = hub_registry();
+    const std::lock_guard l(reg.mutex);
+    if (const auto it = reg.hubs.find(key); it != reg.hubs.end() && it->second.expired()) reg.hubs.erase(it);
+  });
+  slot = hub;
+  return hub;
 }
 
 }  // namespace detail

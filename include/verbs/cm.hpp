@@ -170,6 +170,17 @@ struct ListenOptions {
 /// wait() watches both the CQ and that channel, so a peer that disconnects or dies turns the
 /// wait into ConnectError(ECONNRESET) instead of a hang.
 ///
+/// Async events (ibv_get_async_event(3)) are the device context's, shared by every connection
+/// on it: wait(), spin(), exchange() and poll_events() read them through the context's one
+/// reader (see Device::poll_async_events), which routes each by its ibv_qp and QP number. A
+/// QP_FATAL, QP_REQ_ERR or QP_ACCESS_ERR of this connection's QP ends it with
+/// ConnectError(EIO), and DEVICE_FATAL every connection on the device with ConnectError(ENODEV),
+/// the message naming the event, as a disconnect does (this side then disconnects, so the peer
+/// hears). Other events, and these too, are kept for Device::poll_async_events() on device() (or
+/// any Device on the context): reading them here takes none from the user. For an event loop,
+/// watch device().async_fd() as well as fd() and the CQs' fds, and call poll_events() when it is
+/// readable.
+///
 /// Threads (as libibverbs states it per verb):
 /// - wait(), wait_one(), spin(), spin_one(), wait_disconnected(), poll_events(), connected(),
 ///   address_changed() and disconnect() may be called from several threads at once: e.g. a
@@ -262,8 +273,9 @@ class Connection {
   /// any connection on `cq` polled that were not its own), then those in the CQ, less the
   /// requests of an exchange() running on `cq` (kept for it; see exchange()); once the CQ
   /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
-  /// established), ENODEV when the RDMA device was removed, or ENOTCONN after a local
-  /// disconnect(). Never blocks past `timeout`.
+  /// established), ENODEV when the RDMA device was removed (or raised DEVICE_FATAL), EIO when
+  /// the QP got a fatal async event (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR), or ENOTCONN after a
+  /// local disconnect(). Never blocks past `timeout`.
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   /// As above; throws ConnectError instead of setting an error_code (recording `where`).
@@ -295,8 +307,9 @@ class Connection {
     return c;
   }
 
-  /// Handles pending rdma_cm events without blocking; false once the connection is over (the
-  /// peer disconnected, or the RDMA device was removed).
+  /// Handles pending rdma_cm events and the device's pending async events without blocking;
+  /// false once the connection is over (the peer disconnected, the RDMA device was removed, or
+  /// a fatal async event came for the QP or the device).
   bool poll_events(SourceLocation where = SourceLocation::current());
   /// True from establishment until either side disconnects or the device goes (as far as
   /// events have told).

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <infiniband/verbs.h>
@@ -99,7 +101,19 @@ struct DeviceInfo {
 /// Throws Error when the device list cannot be read (e.g. ENOSYS without kernel support).
 [[nodiscard]] std::vector<DeviceInfo> list_devices();
 
+class QueuePair;
+class SharedReceiveQueue;
+class CompletionQueue;
+namespace detail {
+class AsyncHub;
+}  // namespace detail
+
 /// An asynchronous event of a device (ibv_get_async_event(3)), already acknowledged.
+///
+/// What it concerns is read before the acknowledgement: the object's context (object_context)
+/// and, for a QP event, its number (qp_num()). The handles in `raw` (qp(), srq(), cq()) are only
+/// compared, never read: the object may be destroyed by the time the event is looked at (an
+/// object cannot be destroyed while an event of it is unacknowledged, but it can be after).
 struct AsyncEvent {
   ibv_event_type type{};  ///< what happened
   /// As ibv_get_async_event gave it. Acknowledged already, so the object an element points at
@@ -107,16 +121,54 @@ struct AsyncEvent {
   ibv_async_event raw{};
   /// The context given when the object the event concerns was created (QpOptions::context,
   /// SrqOptions::context, a CQ's cq_context), read before the event was acknowledged; null
-  /// for port and device events.
+  /// for port and device events. The library never sets or uses these fields itself.
   void* object_context = nullptr;
+  /// The number of the QP a QP event concerns, read before the event was acknowledged; 0 for
+  /// other events.
+  std::uint32_t object_qp_num = 0;
   /// An event as ibv_get_async_event(3) gave it, before it is acknowledged.
   [[nodiscard]] static AsyncEvent from(const ibv_async_event& e) noexcept;
-  /// The event's name (ibv_event_type_str(3)).
+  /// The event's description (ibv_event_type_str(3)), e.g. "local work queue catastrophic error".
   [[nodiscard]] std::string_view name() const noexcept { return ibv_event_type_str(type); }
+  /// The enumerator without its prefix, e.g. "QP_FATAL" for IBV_EVENT_QP_FATAL ("UNKNOWN" for
+  /// a type this library does not know).
+  [[nodiscard]] std::string_view type_name() const noexcept;
   /// object_context: what leads the event back to its QueuePair, SharedReceiveQueue or CQ.
   [[nodiscard]] void* context() const noexcept { return object_context; }
   /// The port of a port event (PORT_ACTIVE, PORT_ERR, GID_CHANGE, ...); 0 for other events.
   [[nodiscard]] std::uint8_t port() const noexcept;
+  /// The QP number of a QP event (object_qp_num); 0 for other events.
+  [[nodiscard]] std::uint32_t qp_num() const noexcept { return object_qp_num; }
+
+  /// A QP event: QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, COMM_EST, SQ_DRAINED, PATH_MIG,
+  /// PATH_MIG_ERR, QP_LAST_WQE_REACHED.
+  [[nodiscard]] bool is_qp_event() const noexcept;
+  /// An SRQ event: SRQ_ERR, SRQ_LIMIT_REACHED.
+  [[nodiscard]] bool is_srq_event() const noexcept;
+  /// A CQ event: CQ_ERR (on an overrun, completions were lost).
+  [[nodiscard]] bool is_cq_event() const noexcept;
+  /// A port event: PORT_ACTIVE, PORT_ERR, LID_CHANGE, PKEY_CHANGE, SM_CHANGE, CLIENT_REREGISTER,
+  /// GID_CHANGE (port() says which port).
+  [[nodiscard]] bool is_port_event() const noexcept;
+  /// DEVICE_FATAL: the device is unusable; every object on it must be destroyed.
+  [[nodiscard]] bool is_device_event() const noexcept { return type == IBV_EVENT_DEVICE_FATAL; }
+  /// The object it concerns (or the device) is in error: QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR
+  /// (the QP went to ERR), SRQ_ERR, CQ_ERR, DEVICE_FATAL.
+  [[nodiscard]] bool is_fatal() const noexcept;
+
+  /// The ibv_qp of a QP event, null otherwise: to compare, not to read (see above).
+  [[nodiscard]] const ibv_qp* qp() const noexcept { return is_qp_event() ? raw.element.qp : nullptr; }
+  /// The ibv_srq of an SRQ event, null otherwise: to compare, not to read.
+  [[nodiscard]] const ibv_srq* srq() const noexcept { return is_srq_event() ? raw.element.srq : nullptr; }
+  /// The ibv_cq of a CQ event, null otherwise: to compare, not to read.
+  [[nodiscard]] const ibv_cq* cq() const noexcept { return is_cq_event() ? raw.element.cq : nullptr; }
+
+  /// True when this is a QP event of `qp` (same ibv_qp and QP number). Reads only `qp`.
+  [[nodiscard]] bool concerns(const QueuePair& qp) const noexcept;
+  /// True when this is an SRQ event of `srq`. Reads only `srq`.
+  [[nodiscard]] bool concerns(const SharedReceiveQueue& srq) const noexcept;
+  /// True when this is a CQ event of `cq`. Reads only `cq`.
+  [[nodiscard]] bool concerns(const CompletionQueue& cq) const noexcept;
 };
 
 /// An opened device (ibv_open_device(3)). Move-only; every object made from it keeps the
@@ -162,8 +214,30 @@ class Device {
   /// the table. Throws Error(Errc::no_device) when the port has no usable GID.
   [[nodiscard]] GidChoice choose_gid(std::uint8_t port_num = 1) const;
 
-  /// Waits up to `timeout` for an async event; empty when none came.
+  /// @name Async events (ibv_get_async_event(3))
+  /// Each device context has one reader of its async events in the process: every Device on the
+  /// context (Device::adopt of the same ibv_context, cm::Connection::device(), cm::device_for())
+  /// shares it. It reads them from the context's fd, acknowledges each (ibv_ack_async_event(3)),
+  /// tells the cm::Connection whose QP an event concerns (and every connection on the context of
+  /// DEVICE_FATAL), then keeps every event, routed or not, for poll_async_events(): a connection
+  /// that reads an event in its wait() does not take it from you. At most 1024 events are kept;
+  /// beyond that the oldest are dropped. Read the events through these calls only, never with
+  /// ibv_get_async_event on native_handle() while a Device or Connection on the context lives.
+  ///@{
+  /// An fd for an event loop: readable while an event is pending, in the context's fd or already
+  /// read and kept (an epoll descriptor over both; poll it for POLLIN, never read it). When it is
+  /// readable, call poll_async_events(). -1 for an empty Device.
+  [[nodiscard]] int async_fd() const noexcept;
+  /// Reads every pending event without blocking and returns the oldest ones kept, up to
+  /// `out.size()`, acknowledged (the filled part of `out`, empty when there are none: not an
+  /// error). Sets `ec` when reading the context's fd fails (errno), or Errc::empty_object.
+  std::span<AsyncEvent> poll_async_events(std::span<AsyncEvent> out, std::error_code& ec) const noexcept;
+  /// As above; throws Error instead of setting an error_code.
+  std::span<AsyncEvent> poll_async_events(std::span<AsyncEvent> out, SourceLocation where = SourceLocation::current()) const;
+  /// Waits up to `timeout` for an async event (poll(2) on async_fd()); empty when none came.
+  /// Throws Error when reading the fd fails.
   [[nodiscard]] std::optional<AsyncEvent> wait_async_event(std::chrono::milliseconds timeout) const;
+  ///@}
 
   /// False for a moved-from (empty) Device, whose queries and children are refused (Errc::empty_object).
   [[nodiscard]] explicit operator bool() const noexcept { return ctx_ != nullptr; }
@@ -176,6 +250,7 @@ class Device {
   Device(std::shared_ptr<ibv_context> ctx, std::string name, SourceLocation where = SourceLocation::current());
 
   std::shared_ptr<ibv_context> ctx_;
+  std::shared_ptr<detail::AsyncHub> hub_;  // the context's one async event reader, shared
   std::string name_;
   ibv_device_attr_ex attr_{};
 };

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <future>
 #include <string>
 #include <thread>
@@ -67,6 +68,13 @@ int removal(const char* addr) {
     else if (r.find("Connection reset by peer") == std::string::npos) status = 1;
   }
   if (enodev < 2) status = 1;  // the listener and at least one end
+  // Which async events the removal raised (README, "Async events": rxe raises no DEVICE_FATAL).
+  std::array<verbs::AsyncEvent, 16> events{};
+  std::string seen;
+  std::error_code ec;
+  for (const verbs::AsyncEvent& e : client.device().poll_async_events(events, ec))
+    seen += std::string(seen.empty() ? "" : ", ") + std::string(e.type_name());
+  std::printf("async events: %s%s\n", seen.empty() ? "none" : seen.c_str(), ec ? (" (" + ec.message() + ")").c_str() : "");
   return status;
 }
 

@@ -18,6 +18,8 @@
 
 #include <verbs/cm.hpp>
 
+#include "detail.hpp"
+
 #include "fixture.hpp"
 
 namespace verbs::test {
@@ -1813,6 +1815,144 @@ TEST_F(Cm, ThousandConnectDisconnectCyclesLeakNothing) {
   // checks for leaks there instead.
   EXPECT_LT(resident_kib() - rss, 8 * 1024) << "resident memory grew by " << (resident_kib() - rss) << " KiB";
 #endif
+}
+
+
+// ---- async events (Device::poll_async_events, detail::AsyncHub) ----
+
+/// A connected pair on the test address.
+struct CmPair {
+  cm::Connection client, server;
+};
+CmPair connect_pair(cm::Listener& listener, const cm::ConnectionOptions& server_options = {}) {
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, server_options); });
+  cm::Connection client = cm::connect(test_addr(), listener.port());
+  return {std::move(client), server.get()};
+}
+
+/// Hands `type` for `qp` (null: a device event) to the context's async event reader as though
+/// read from the device: rxe raises no QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR nor DEVICE_FATAL
+/// (README, "Async events"), so routing is tested with injected events.
+void inject(const Device& dev, ibv_event_type type, ibv_qp* qp = nullptr) {
+  ibv_async_event raw{};
+  raw.event_type = type;
+  if (qp != nullptr) raw.element.qp = qp;
+  detail::async_hub(dev.shared_handle())->deliver(AsyncEvent::from(raw));
+}
+
+// A fatal event of one connection's QP fails that connection's wait() at once, naming the
+// event, and not the others' on the same device; the event is still there for the user.
+TEST_F(Cm, AFatalQpEventEndsThatConnectionsWaitOnly) {
+  cm::Listener listener(test_addr(), 0);
+  CmPair a = connect_pair(listener);
+  CmPair b = connect_pair(listener);
+  ASSERT_EQ(a.client.device().native_handle(), b.client.device().native_handle()) << "one context for all";
+  std::array<AsyncEvent, 16> drained{};
+  (void)device->poll_async_events(drained);  // whatever came before
+  auto waiting = std::async(std::launch::async, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto e = connect_error([&] { (void)a.client.wait_one(a.client.recv_cq(), 10s); });
+    return std::pair(e, std::chrono::steady_clock::now() - t0);
+  });
+  std::this_thread::sleep_for(200ms);  // asleep in wait()
+  const auto injected = std::chrono::steady_clock::now();
+  inject(a.client.device(), IBV_EVENT_QP_FATAL, a.client.qp().native_handle());
+  ASSERT_EQ(waiting.wait_for(5s), std::future_status::ready) << "wait() did not end on QP_FATAL";
+  const auto [e, took] = waiting.get();
+  const auto latency = std::chrono::steady_clock::now() - injected;
+  ASSERT_TRUE(e) << "wait() returned instead of failing";
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::io_error));
+  EXPECT_EQ(e->phase(), Phase::established);
+  EXPECT_TRUE(contains(e->what(), "QP_FATAL")) << e->what();
+  EXPECT_GE(took, 150ms) << "it failed before the event";
+  EXPECT_LT(latency, 1s);
+  std::printf("QP_FATAL injected to wait() failing: %.3f ms\n",
+              std::chrono::duration<double, std::milli>(latency).count());
+  EXPECT_FALSE(a.client.connected());
+  // Again, without sleeping: the connection stays failed with the same error.
+  const auto again = connect_error([&] { (void)a.client.wait_one(a.client.recv_cq(), 1s); });
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->code(), std::make_error_code(std::errc::io_error));
+  // This side disconnected, so the peer hears.
+  EXPECT_TRUE(a.server.wait_disconnected(5s));
+
+  // The others go on.
+  EXPECT_TRUE(b.client.wait(b.client.recv_cq(), std::span<Completion>{}, 200ms).empty());
+  EXPECT_TRUE(b.client.connected());
+  EXPECT_TRUE(b.server.poll_events());
+  // The user still gets the event.
+  const auto kept = device->poll_async_events(drained);
+  const auto it = std::find_if(kept.begin(), kept.end(), [&](const AsyncEvent& k) { return k.type == IBV_EVENT_QP_FATAL; });
+  ASSERT_NE(it, kept.end()) << "the event is not kept for Device::poll_async_events";
+  EXPECT_TRUE(it->concerns(a.client.qp()));
+  EXPECT_FALSE(it->concerns(b.client.qp()));
+}
+
+// QP_REQ_ERR and QP_ACCESS_ERR end the connection as QP_FATAL does; events of the QP that put
+// nothing in error (COMM_EST, LAST_WQE_REACHED) do not.
+TEST_F(Cm, EveryQpErrorEventEndsTheConnectionOthersDoNot) {
+  cm::Listener listener(test_addr(), 0);
+  for (const ibv_event_type t : {IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR}) {
+    CmPair p = connect_pair(listener);
+    inject(p.server.device(), IBV_EVENT_COMM_EST, p.server.qp().native_handle());
+    inject(p.server.device(), IBV_EVENT_QP_LAST_WQE_REACHED, p.server.qp().native_handle());
+    EXPECT_TRUE(p.server.wait(p.server.recv_cq(), std::span<Completion>{}, 50ms).empty());
+    EXPECT_TRUE(p.server.connected());
+    inject(p.server.device(), t, p.server.qp().native_handle());
+    const auto e = connect_error([&] { (void)p.server.spin_one(p.server.recv_cq(), 2s); });
+    ASSERT_TRUE(e) << AsyncEvent{.type = t}.type_name();
+    EXPECT_EQ(e->code(), std::make_error_code(std::errc::io_error));
+    EXPECT_TRUE(contains(e->what(), AsyncEvent{.type = t}.type_name())) << e->what();
+    EXPECT_FALSE(p.server.poll_events());
+  }
+}
+
+// DEVICE_FATAL ends every connection on the device with ENODEV.
+TEST_F(Cm, DeviceFatalEndsEveryConnectionOnTheDevice) {
+  cm::Listener listener(test_addr(), 0);
+  CmPair a = connect_pair(listener);
+  CmPair b = connect_pair(listener);
+  inject(*device, IBV_EVENT_DEVICE_FATAL);
+  for (cm::Connection* c : {&a.client, &a.server, &b.client, &b.server}) {
+    const auto e = connect_error([&] { (void)c->wait_one(c->recv_cq(), 2s); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), std::make_error_code(std::errc::no_such_device));
+    EXPECT_TRUE(contains(e->what(), "DEVICE_FATAL")) << e->what();
+  }
+}
+
+
+// A real event (SRQ_LIMIT_REACHED of an SRQ behind a connection) read by the connection's
+// wait(), which polls the device's async fd: not the connection's end, and kept for the user.
+TEST_F(Cm, AnEventAWaitReadsIsNotItsEndAndIsKeptForTheUser) {
+  const ProtectionDomain pd(*device);
+  SharedReceiveQueue srq(pd, {.max_wr = 16, .limit = 2});
+  auto buf = MemoryRegion::allocate(pd, 4096, Access::local_write);
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(srq.post_recv(buf.slice(i * 64, 64), i).ok());
+  cm::Listener listener(test_addr(), 0);
+  CmPair p = connect_pair(listener, {.qp = {.srq = &srq}, .pd = &pd});
+  std::array<AsyncEvent, 16> drained{};
+  (void)device->poll_async_events(drained);
+  const auto hub = detail::async_hub(device->shared_handle());
+  ASSERT_EQ(hub->kept(), 0u);
+  auto src = MemoryRegion::allocate(p.client.pd(), 64, Access::local_write);
+  for (std::uint64_t i = 0; i < 2; ++i) ASSERT_TRUE(p.client.qp().post_send(src.slice(0, 16), {.wr_id = i}).ok());
+  std::array<Completion, 4> wcs{};
+  std::size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (got < 2 && std::chrono::steady_clock::now() < deadline)
+    got += p.server.wait(p.server.recv_cq(), std::span(wcs).subspan(got), 1s).size();
+  ASSERT_EQ(got, 2u);
+  // The limit event fires about 2 ms after the receive that crossed it: the wait reads it.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (hub->kept() == 0 && std::chrono::steady_clock::now() - t0 < 2s)
+    EXPECT_TRUE(p.server.wait(p.server.recv_cq(), std::span(wcs), 100ms).empty());
+  EXPECT_TRUE(p.server.connected()) << "an event not of its QP ended the connection";
+  ASSERT_GE(hub->kept(), 1u) << "wait() did not read the device's async event";
+  const auto kept = device->poll_async_events(drained);
+  const auto it = std::find_if(kept.begin(), kept.end(), [&](const AsyncEvent& e) { return e.concerns(srq); });
+  ASSERT_NE(it, kept.end()) << "the SRQ's event was not kept for Device::poll_async_events";
+  EXPECT_EQ(it->type, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // Mtu helpers. The no-device cases skip on a host that has one (e.g. with SoftRoCE).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -17,11 +19,14 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
 #include <verbs/device.hpp>
+#include <verbs/completion_queue.hpp>
+#include <verbs/queue_pair.hpp>
 
 #include "support/expect.hpp"
 #include "support/stub_provider.hpp"
@@ -268,6 +273,192 @@ TEST(AsyncEvent, ContextIsThatOfTheObjectTheEventConcerns) {
   raw.event_type = IBV_EVENT_DEVICE_FATAL;
   EXPECT_EQ(verbs::AsyncEvent::from(raw).context(), nullptr);
   EXPECT_EQ(verbs::AsyncEvent::from(raw).port(), 0);
+}
+
+
+// Which kind of event each type is, and which put their object in error.
+TEST(AsyncEvent, ClassifiesEachType) {
+  struct Row {
+    ibv_event_type type;
+    bool qp, srq, cq, port, device, fatal;
+    std::string_view name;
+  };
+  const Row rows[] = {
+      {IBV_EVENT_QP_FATAL, true, false, false, false, false, true, "QP_FATAL"},
+      {IBV_EVENT_QP_REQ_ERR, true, false, false, false, false, true, "QP_REQ_ERR"},
+      {IBV_EVENT_QP_ACCESS_ERR, true, false, false, false, false, true, "QP_ACCESS_ERR"},
+      {IBV_EVENT_COMM_EST, true, false, false, false, false, false, "COMM_EST"},
+      {IBV_EVENT_SQ_DRAINED, true, false, false, false, false, false, "SQ_DRAINED"},
+      {IBV_EVENT_PATH_MIG, true, false, false, false, false, false, "PATH_MIG"},
+      {IBV_EVENT_PATH_MIG_ERR, true, false, false, false, false, false, "PATH_MIG_ERR"},
+      {IBV_EVENT_QP_LAST_WQE_REACHED, true, false, false, false, false, false, "QP_LAST_WQE_REACHED"},
+      {IBV_EVENT_SRQ_ERR, false, true, false, false, false, true, "SRQ_ERR"},
+      {IBV_EVENT_SRQ_LIMIT_REACHED, false, true, false, false, false, false, "SRQ_LIMIT_REACHED"},
+      {IBV_EVENT_CQ_ERR, false, false, true, false, false, true, "CQ_ERR"},
+      {IBV_EVENT_PORT_ACTIVE, false, false, false, true, false, false, "PORT_ACTIVE"},
+      {IBV_EVENT_PORT_ERR, false, false, false, true, false, false, "PORT_ERR"},
+      {IBV_EVENT_LID_CHANGE, false, false, false, true, false, false, "LID_CHANGE"},
+      {IBV_EVENT_PKEY_CHANGE, false, false, false, true, false, false, "PKEY_CHANGE"},
+      {IBV_EVENT_SM_CHANGE, false, false, false, true, false, false, "SM_CHANGE"},
+      {IBV_EVENT_CLIENT_REREGISTER, false, false, false, true, false, false, "CLIENT_REREGISTER"},
+      {IBV_EVENT_GID_CHANGE, false, false, false, true, false, false, "GID_CHANGE"},
+      {IBV_EVENT_DEVICE_FATAL, false, false, false, false, true, true, "DEVICE_FATAL"},
+  };
+  for (const Row& r : rows) {
+    verbs::AsyncEvent e;
+    e.type = r.type;
+    EXPECT_EQ(e.is_qp_event(), r.qp) << r.name;
+    EXPECT_EQ(e.is_srq_event(), r.srq) << r.name;
+    EXPECT_EQ(e.is_cq_event(), r.cq) << r.name;
+    EXPECT_EQ(e.is_port_event(), r.port) << r.name;
+    EXPECT_EQ(e.is_device_event(), r.device) << r.name;
+    EXPECT_EQ(e.is_fatal(), r.fatal) << r.name;
+    EXPECT_EQ(e.type_name(), r.name);
+  }
+  verbs::AsyncEvent odd;
+  odd.type = static_cast<ibv_event_type>(31);  // no such event
+  EXPECT_EQ(odd.type_name(), "UNKNOWN");
+}
+
+// An event names its QP by handle and by the number read before the acknowledgement: a QP
+// that now has another number (another QP at the same address) is not the one it concerns.
+TEST(AsyncEvent, ConcernsOnlyTheObjectItWasRaisedFor) {
+  verbs_stub::Provider a, b;
+  b.qp.qp_num = 0x456;
+  const verbs::QueuePair qa = a.queue_pair();
+  const verbs::QueuePair qb = b.queue_pair();
+  const verbs::CompletionQueue ca = a.completion_queue();
+  const verbs::CompletionQueue cb = b.completion_queue();
+  ibv_async_event raw{};
+  raw.event_type = IBV_EVENT_QP_FATAL;
+  raw.element.qp = &a.qp;
+  const auto ev = verbs::AsyncEvent::from(raw);
+  EXPECT_EQ(ev.qp_num(), 0x123u);
+  EXPECT_EQ(ev.qp(), &a.qp);
+  EXPECT_EQ(ev.srq(), nullptr);
+  EXPECT_EQ(ev.cq(), nullptr);
+  EXPECT_TRUE(ev.concerns(qa));
+  EXPECT_FALSE(ev.concerns(qb));
+  EXPECT_FALSE(ev.concerns(ca)) << "a QP event is no CQ's";
+  a.qp.qp_num = 0x789;  // the number was read when the event was, not now
+  EXPECT_EQ(ev.qp_num(), 0x123u);
+  EXPECT_FALSE(ev.concerns(a.queue_pair())) << "another QP at the address of the one the event was for";
+
+  raw.event_type = IBV_EVENT_CQ_ERR;
+  raw.element.cq = &b.cq;
+  const auto cq_ev = verbs::AsyncEvent::from(raw);
+  EXPECT_EQ(cq_ev.qp_num(), 0u);
+  EXPECT_TRUE(cq_ev.concerns(cb));
+  EXPECT_FALSE(cq_ev.concerns(ca));
+  EXPECT_FALSE(cq_ev.concerns(qb));
+
+  raw.event_type = IBV_EVENT_PORT_ERR;
+  raw.element.port_num = 1;
+  const auto port_ev = verbs::AsyncEvent::from(raw);
+  EXPECT_EQ(port_ev.qp(), nullptr);
+  EXPECT_FALSE(port_ev.concerns(qa));
+  EXPECT_FALSE(port_ev.concerns(ca));
+  EXPECT_FALSE(verbs::AsyncEvent{}.concerns(verbs::QueuePair(a.queue_pair())));
+}
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+verbs::AsyncEvent event_of(ibv_event_type t, ibv_qp* qp = nullptr) {
+  ibv_async_event raw{};
+  raw.event_type = t;
+  if (qp != nullptr) raw.element.qp = qp;
+  else raw.element.port_num = 1;
+  return verbs::AsyncEvent::from(raw);
+}
+
+// An event read by anyone (a connection's wait()) is kept for poll_async_events, and async_fd()
+// is readable while one is: an event loop is woken for events already read.
+TEST(DeviceAsyncEvents, KeptEventsMakeTheFdReadableUntilPolled) {
+  StubAsyncFd s;
+  const verbs::Device dev = s.stub.device_handle();
+  ASSERT_GE(dev.async_fd(), 0);
+  EXPECT_FALSE(readable(dev.async_fd()));
+  std::array<verbs::AsyncEvent, 4> out{};
+  EXPECT_TRUE(dev.poll_async_events(out).empty());
+  const auto hub = verbs::detail::async_hub(dev.shared_handle());
+  hub->deliver(event_of(IBV_EVENT_PORT_ERR));
+  hub->deliver(event_of(IBV_EVENT_PORT_ACTIVE));
+  hub->deliver(event_of(IBV_EVENT_QP_LAST_WQE_REACHED, &s.stub.qp));
+  EXPECT_TRUE(readable(dev.async_fd()));
+  auto got = dev.poll_async_events(std::span(out).first(2));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].type, IBV_EVENT_PORT_ERR);
+  EXPECT_EQ(got[1].type, IBV_EVENT_PORT_ACTIVE);
+  EXPECT_TRUE(readable(dev.async_fd())) << "one event is still kept";
+  const auto last = dev.wait_async_event(std::chrono::milliseconds(0));
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->type, IBV_EVENT_QP_LAST_WQE_REACHED);
+  EXPECT_EQ(last->qp_num(), 0x123u);
+  EXPECT_FALSE(readable(dev.async_fd()));
+  EXPECT_TRUE(dev.poll_async_events(out).empty());
+}
+
+TEST(DeviceAsyncEvents, AtMostMaxKeptAreKeptTheOldestDropped) {
+  StubAsyncFd s;
+  const verbs::Device dev = s.stub.device_handle();
+  const auto hub = verbs::detail::async_hub(dev.shared_handle());
+  constexpr std::size_t n = verbs::detail::AsyncHub::max_kept;
+  hub->deliver(event_of(IBV_EVENT_PORT_ERR));
+  for (std::size_t i = 0; i < n; ++i) hub->deliver(event_of(IBV_EVENT_PORT_ACTIVE));
+  EXPECT_EQ(hub->kept(), n);
+  std::vector<verbs::AsyncEvent> out(n + 1);
+  const auto got = dev.poll_async_events(out);
+  ASSERT_EQ(got.size(), n);
+  EXPECT_EQ(got[0].type, IBV_EVENT_PORT_ACTIVE) << "the oldest (PORT_ERR) was dropped";
+}
+
+// Every Device on one context shares its reader: what one reads, the other's poll gives.
+TEST(DeviceAsyncEvents, DevicesOnOneContextShareTheReader) {
+  StubAsyncFd s;
+  const verbs::Device one = s.stub.device_handle();
+  const verbs::Device two = s.stub.device_handle();
+  EXPECT_EQ(one.async_fd(), two.async_fd());
+  verbs::detail::async_hub(one.shared_handle())->deliver(event_of(IBV_EVENT_PORT_ERR));
+  std::array<verbs::AsyncEvent, 2> out{};
+  ASSERT_EQ(two.poll_async_events(out).size(), 1u);
+  EXPECT_TRUE(one.poll_async_events(out).empty());
+  verbs::Device moved_from = s.stub.device_handle();
+  const verbs::Device taker = std::move(moved_from);
+  EXPECT_EQ(moved_from.async_fd(), -1);  // NOLINT(bugprone-use-after-move): what a moved-from Device says
+  std::error_code ec;
+  EXPECT_TRUE(moved_from.poll_async_events(out, ec).empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(ec, verbs::make_error_code(verbs::Errc::empty_object));
+}
+
+struct Heard {
+  std::vector<ibv_event_type> types;
+  static void on(void* self, const verbs::AsyncEvent& e) noexcept { static_cast<Heard*>(self)->types.push_back(e.type); }
+};
+
+// The route of a QP hears its own events (by handle and number) and DEVICE_FATAL, nothing
+// else, and nothing once removed; every event is kept for the user all the same.
+TEST(DeviceAsyncEvents, AQpsRouteHearsItsEventsAndDeviceFatalOnly) {
+  StubAsyncFd s;
+  verbs_stub::Provider other;
+  const verbs::Device dev = s.stub.device_handle();
+  const auto hub = verbs::detail::async_hub(dev.shared_handle());
+  Heard heard;
+  hub->add_route(&s.stub.qp, s.stub.qp.qp_num, {&Heard::on, &heard});
+  hub->deliver(event_of(IBV_EVENT_QP_FATAL, &s.stub.qp));
+  hub->deliver(event_of(IBV_EVENT_QP_ACCESS_ERR, &other.qp));
+  hub->deliver(event_of(IBV_EVENT_PORT_ERR));
+  auto stale = event_of(IBV_EVENT_QP_REQ_ERR, &s.stub.qp);
+  stale.object_qp_num = 0x999;  // the QP that was at this address before
+  hub->deliver(stale);
+  hub->deliver(event_of(IBV_EVENT_DEVICE_FATAL));
+  hub->remove_route(&s.stub.qp);
+  hub->deliver(event_of(IBV_EVENT_QP_FATAL, &s.stub.qp));
+  EXPECT_EQ(heard.types, (std::vector<ibv_event_type>{IBV_EVENT_QP_FATAL, IBV_EVENT_DEVICE_FATAL}));
+  std::array<verbs::AsyncEvent, 8> out{};
+  EXPECT_EQ(dev.poll_async_events(out).size(), 6u) << "routed events are kept for the user too";
 }
 
 }  // namespace
