@@ -571,19 +571,33 @@ HubRegistry& hub_registry() {
 
 std::shared_ptr<AsyncHub> async_hub(const std::shared_ptr<ibv_context>& ctx) {
   HubRegistry& r = hub_registry();
-  const std::lock_guard lock(r.mutex);
-  std::weak_ptr<AsyncHub>& slot = r.hubs[ctx.get()];
-  if (auto hub = slot.lock()) return hub;
   const ibv_context* key = ctx.get();
-  // The registry's entry goes with the hub, unless a new hub took it meanwhile.
-  std::shared_ptr<AsyncHub> hub(new AsyncHub(ctx), [key](AsyncHub* h) {
+  {
+    const std::lock_guard lock(r.mutex);
+    if (const auto it = r.hubs.find(key); it != r.hubs.end())
+      if (auto hub = it->second.lock()) return hub;
+  }
+  // Made without the registry's lock: its deleter takes the lock, and runs if the control block
+  // cannot be allocated (or below, when another thread made one meanwhile), so neither may
+  // happen while the lock is held. The registry's entry goes with the hub, unless a new hub
+  // took it meanwhile.
+  std::shared_ptr<AsyncHub> fresh(new AsyncHub(ctx), [key](AsyncHub* h) {
     delete h;  // NOLINT(cppcoreguidelines-owning-memory)
     HubRegistry& reg = hub_registry();
     const std::lock_guard l(reg.mutex);
     if (const auto it = reg.hubs.find(key); it != reg.hubs.end() && it->second.expired()) reg.hubs.erase(it);
   });
-  slot = hub;
-  return hub;
+  std::shared_ptr<AsyncHub> existing;
+  {
+    const std::lock_guard lock(r.mutex);
+    std::weak_ptr<AsyncHub>& slot = r.hubs[key];
+    existing = slot.lock();
+    if (!existing) {
+      slot = fresh;
+      return fresh;
+    }
+  }
+  return existing;  // `fresh` goes here, after the lock
 }
 
 }  // namespace detail
