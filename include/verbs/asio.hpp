@@ -1,0 +1,322 @@
+// verbs/asio.hpp: asio integration, optional. Include it only in a program that has asio (the
+// standalone library, Debian's libasio-dev, <asio.hpp>); the verbs library itself does not use
+// it. Each wait is an asio initiating function taking any completion token (a callback,
+// asio::use_awaitable for C++20 coroutines, asio::use_future, ...), and each honours asio's
+// per-operation cancellation (a cancellation slot, e.g. `asio::experimental::awaitable_operators`
+// `wait || timer`), besides cancel().
+//
+// In a coroutine built by g++ 12, pass options as named variables, not as temporaries inside the
+// co_await expression: g++ 12 destroys such a temporary wrongly (a double free; GCC bug 100611).
+//
+// Nothing here allocates per completion: a waiter holds one asio descriptor for its fd (a dup of
+// it, registered with the reactor once), and a wait that finds completions ready completes
+// without touching the reactor (posted to the executor, as asio requires).
+#pragma once
+
+#include <unistd.h>
+
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/compose.hpp>
+#include <asio/error.hpp>
+#include <asio/post.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "verbs/cm.hpp"
+#include "verbs/completion_channel.hpp"
+#include "verbs/completion_queue.hpp"
+
+namespace verbs::asio {
+
+namespace net = ::asio;
+
+namespace detail {
+/// A descriptor for readiness only, on a dup of `fd` (the fd stays its owner's; the dup goes
+/// with the descriptor).
+inline net::posix::stream_descriptor watch(const net::any_io_executor& ex, int fd) {
+  const int d = ::dup(fd);
+  if (d < 0) throw std::system_error(errno, std::generic_category(), "dup");
+  return net::posix::stream_descriptor(ex, d);
+}
+}  // namespace detail
+
+/// Waits in asio for the completions of one CQ that has a completion channel of its own
+/// (CqOptions::with_channel; a cm::Connection's CQs have one). Move-only; one wait at a time;
+/// the CQ must outlive the waiter.
+class CqWaiter {
+ public:
+  /// Watches `cq`'s channel fd. Throws Error(Errc::bad_argument) for a CQ without a channel of
+  /// its own, std::system_error when the fd cannot be duplicated.
+  CqWaiter(const net::any_io_executor& ex, CompletionQueue& cq) : cq_(&cq), fd_(open(ex, cq)) {}
+
+  /// Waits until `cq` has completions and completes with void(std::error_code, std::size_t n):
+  /// the first n entries of `out` are filled. Polls first: ready completions cost no system
+  /// call. Errors: asio::error::operation_aborted when cancelled, or the device's error. `out`
+  /// must live until completion.
+  template <typename Token>
+  auto async_wait(std::span<Completion> out, Token&& token) {
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+  }
+  /// Cancels the wait in progress (it completes with operation_aborted).
+  void cancel() { fd_.cancel(); }
+  /// The CQ waited on.
+  [[nodiscard]] CompletionQueue& cq() const noexcept { return *cq_; }
+
+ private:
+  static net::posix::stream_descriptor open(const net::any_io_executor& ex, CompletionQueue& cq) {
+    if (!cq.has_channel() || cq.shares_channel())
+      throw Error(make_error_code(Errc::bad_argument),
+                  "verbs::asio::CqWaiter: the CQ needs a completion channel of its own (CqOptions::with_channel); "
+                  "for a shared one use ChannelWaiter");
+    return detail::watch(ex, cq.fd());
+  }
+
+  struct Op {
+    CqWaiter* w;
+    std::span<Completion> out;
+    enum { start, posted, waiting } state = start;
+    std::size_t n = 0;
+    template <typename Self>
+    void operator()(Self& self, std::error_code ec = {}) {
+      if (state == posted) return self.complete(std::error_code{}, n);
+      if (ec) return self.complete(ec, 0);
+      if (state == waiting) {
+        (void)w->cq_->consume_events(ec);
+        if (ec) return self.complete(ec, 0);
+      }
+      std::span<Completion> got = w->cq_->poll(out, ec);
+      if (!ec && got.empty()) got = w->cq_->arm_and_poll(out, ec);
+      if (ec) return self.complete(ec, 0);
+      if (!got.empty()) {
+        n = got.size();
+        if (state == waiting) return self.complete(std::error_code{}, n);
+        state = posted;  // not from inside the initiating function
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
+      state = waiting;
+      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    }
+  };
+
+  CompletionQueue* cq_;
+  net::posix::stream_descriptor fd_;
+};
+
+/// Waits in asio for the events of a CompletionChannel shared by many CQs: one waiter for all
+/// of them. Move-only; one wait at a time; the channel's CQs keep it alive.
+class ChannelWaiter {
+ public:
+  /// Watches `channel`'s fd. Throws std::system_error when it cannot be duplicated.
+  ChannelWaiter(const net::any_io_executor& ex, const CompletionChannel& channel)
+      : channel_(&channel), fd_(detail::watch(ex, channel.fd())) {}
+
+  /// Waits until the channel has events and completes with void(std::error_code, std::size_t
+  /// n): the first n entries of `out` say which CQs fired; handle each (drain_and_arm) before
+  /// the next wait. `out` must live until completion.
+  template <typename Token>
+  auto async_wait(std::span<CqEvent> out, Token&& token) {
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+  }
+  /// Cancels the wait in progress (it completes with operation_aborted).
+  void cancel() { fd_.cancel(); }
+
+ private:
+  struct Op {
+    ChannelWaiter* w;
+    std::span<CqEvent> out;
+    enum { start, posted, waiting } state = start;
+    std::size_t n = 0;
+    template <typename Self>
+    void operator()(Self& self, std::error_code ec = {}) {
+      if (state == posted) return self.complete(std::error_code{}, n);
+      if (ec) return self.complete(ec, 0);
+      // get_events() of a const channel: reading does not change what the channel is.
+      auto& ch = const_cast<CompletionChannel&>(*w->channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+      const std::span<CqEvent> got = ch.get_events(out, ec);
+      if (ec) return self.complete(ec, 0);
+      if (!got.empty()) {
+        n = got.size();
+        if (state == waiting) return self.complete(std::error_code{}, n);
+        state = posted;
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
+      state = waiting;
+      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    }
+  };
+
+  const CompletionChannel* channel_;
+  net::posix::stream_descriptor fd_;
+};
+
+/// Waits in asio for a cm::Connection to end (the peer disconnected or died, the device went,
+/// a fatal async event), reading its rdma_cm events as they come (Connection::poll_events):
+/// once it has ended, its QP is in ERR and what is posted flushes, so a CqWaiter on its CQs
+/// completes too. Move-only; the connection must outlive the waiter.
+class ConnectionWaiter {
+ public:
+  /// Watches `conn`'s rdma_cm fd. Throws std::system_error when it cannot be duplicated.
+  ConnectionWaiter(const net::any_io_executor& ex, cm::Connection& conn)
+      : conn_(&conn), fd_(detail::watch(ex, conn.fd())) {}
+
+  /// Completes with void(std::error_code) once the connection is over (no error), or with
+  /// operation_aborted when cancelled, or rdma_cm's error.
+  template <typename Token>
+  auto async_wait_closed(Token&& token) {
+    return net::async_compose<Token, void(std::error_code)>(Op{this}, token, fd_);
+  }
+  /// Cancels the wait in progress.
+  void cancel() { fd_.cancel(); }
+
+ private:
+  struct Op {
+    ConnectionWaiter* w;
+    bool started = false;
+    template <typename Self>
+    void operator()(Self& self, std::error_code ec = {}) {
+      if (ec) return self.complete(ec);
+      bool open = true;
+      try {
+        open = w->conn_->poll_events();
+      } catch (const Error& e) {
+        return self.complete(e.code());
+      }
+      if (!open) {
+        if (started) return self.complete(std::error_code{});
+        started = true;
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
+      started = true;
+      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    }
+  };
+
+  cm::Connection* conn_;
+  net::posix::stream_descriptor fd_;
+};
+
+namespace detail {
+/// Drives a PendingConnect or PendingAccept: step() when its fd is readable or its deadline
+/// passes (a timer cancels the fd's wait then), until it gives the connection or fails.
+template <typename Pending>
+struct Stepper {
+  struct State {
+    State(const net::any_io_executor& ex, Pending p) : pending(std::move(p)), fd(watch(ex, pending.fd())), timer(ex) {}
+    Pending pending;
+    net::posix::stream_descriptor fd;
+    net::steady_timer timer;
+  };
+  std::shared_ptr<State> s;
+  std::optional<cm::Connection> done{};
+  std::error_code failed{};
+  enum { running, finishing } state = running;
+
+  template <typename Self>
+  void operator()(Self& self, std::error_code ec = {}) {
+    if (state == finishing) return self.complete(failed, std::move(done));
+    if (ec && ec != net::error::operation_aborted) return finish(self, ec);
+    if (ec == net::error::operation_aborted && std::chrono::steady_clock::now() < s->pending.deadline())
+      return finish(self, ec);  // cancelled by the caller, not by our timer
+    std::error_code step_ec;
+    if (auto c = s->pending.step(step_ec)) {
+      done.emplace(std::move(*c));
+      return finish(self, {});
+    }
+    if (step_ec) return finish(self, step_ec);
+    // At the deadline the timer cancels the fd's wait, and step() then fails with ETIMEDOUT.
+    s->timer.expires_at(s->pending.deadline());
+    s->timer.async_wait([st = std::weak_ptr<State>(s)](std::error_code tec) {
+      if (auto p = st.lock(); p && !tec) p->fd.cancel();
+    });
+    s->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+  }
+  template <typename Self>
+  void finish(Self& self, std::error_code ec) {
+    failed = ec;
+    s->timer.cancel();
+    state = finishing;
+    net::post(s->fd.get_executor(), std::move(self));  // never from inside the initiation
+  }
+};
+}  // namespace detail
+
+/// cm::connect in asio: cm::start_connect, then PendingConnect::step as its fd says, every phase
+/// bounded by its limit (ClientOptions). Completes with void(std::error_code,
+/// std::optional<cm::Connection>): the connection, or the ConnectError's code (ECONNREFUSED,
+/// ETIMEDOUT, ...), or operation_aborted when cancelled. Throws ConnectError for what fails at
+/// once (see start_connect).
+template <typename Token>
+auto async_connect(const net::any_io_executor& ex, std::string_view host, std::uint16_t port,
+                   const cm::ClientOptions& options, Token&& token) {
+  using S = detail::Stepper<cm::PendingConnect>;
+  auto state = std::make_shared<typename S::State>(ex, cm::start_connect(host, port, options));
+  return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(S{state}, token, ex);
+}
+
+/// Listener::accept in asio: waits for a connection request, answers it and completes with
+/// void(std::error_code, std::optional<cm::Connection>) once the client confirmed (within
+/// ListenOptions::handshake_timeout), or with the error (the request is then rejected).
+/// Cancellation: operation_aborted. Call it again for the next client; `listener` must outlive
+/// the operation. One accept at a time per listener.
+template <typename Token>
+auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
+                  Token&& token);
+
+namespace detail {
+struct AcceptOp {
+  cm::Listener* listener;
+  cm::ConnectionOptions options;
+  std::shared_ptr<net::posix::stream_descriptor> fd;
+  std::optional<cm::Connection> done{};
+  std::error_code failed{};
+  enum { waiting, handshake, finishing } state = waiting;
+  std::shared_ptr<typename Stepper<cm::PendingAccept>::State> hs{};
+
+  template <typename Self>
+  void operator()(Self& self, std::error_code ec = {}, std::optional<cm::Connection> c = std::nullopt) {
+    if (state == finishing) return self.complete(failed, std::move(done));
+    if (state == handshake) {  // the handshake's own operation completed
+      done = std::move(c);
+      return finish(self, ec);
+    }
+    if (ec) return finish(self, ec);
+    try {
+      if (auto pending = listener->start_accept(options)) {
+        state = handshake;
+        hs = std::make_shared<typename Stepper<cm::PendingAccept>::State>(fd->get_executor(), std::move(*pending));
+        return net::async_compose<Self, void(std::error_code, std::optional<cm::Connection>)>(
+            Stepper<cm::PendingAccept>{hs}, self, fd->get_executor());  // moved from: the token is forwarded
+      }
+    } catch (const Error& e) {
+      return finish(self, e.code());
+    }
+    fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+  }
+  template <typename Self>
+  void finish(Self& self, std::error_code ec) {
+    failed = ec;
+    state = finishing;
+    net::post(fd->get_executor(), std::move(self));
+  }
+};
+}  // namespace detail
+
+template <typename Token>
+auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
+                  Token&& token) {
+  auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch(ex, listener.fd()));
+  return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(
+      detail::AcceptOp{&listener, options, fd}, token, ex);
+}
+
+}  // namespace verbs::asio
