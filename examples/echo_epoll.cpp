@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "echo_client.hpp"
 #include "example_args.hpp"
 
 namespace {
@@ -214,56 +215,6 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()));
 }
 
-// ---- client ----------------------------------------------------------------------------------
-
-void run_one(const example::Args& args, std::uint64_t count, std::size_t size, std::chrono::seconds quiet) {
-  verbs::cm::Connection conn =
-      verbs::cm::connect(args.host, args.port, {.timeout = args.timeout, .source_address = args.bind});
-  auto buf = verbs::MemoryRegion::allocate(conn.pd(), 2 * size, verbs::Access::local_write);
-  const std::span<std::byte> out = buf.bytes().first(size), in = buf.bytes().subspan(size, size);
-  std::this_thread::sleep_for(quiet);
-  const auto wait = [&](verbs::CompletionQueue& cq) {
-    const std::optional<verbs::Completion> wc = conn.wait_one(cq, args.timeout);
-    if (!wc) throw std::runtime_error("no answer within " + std::to_string(args.timeout.count()) + " s");
-    wc->throw_if_failed();
-    return *wc;
-  };
-  for (std::uint64_t i = 0; i < count; ++i) {
-    for (std::size_t k = 0; k < size; ++k) out[k] = static_cast<std::byte>(i * 131 + k * 7 + size);
-    std::memset(in.data(), 0, size);
-    conn.qp().post_recv(buf.slice(size, size), i).check();
-    conn.qp().post_send(buf.slice(0, size), {.wr_id = i}).check();
-    (void)wait(conn.send_cq());
-    const verbs::Completion echo = wait(conn.recv_cq());
-    if (echo.byte_len() != size || std::memcmp(in.data(), out.data(), size) != 0)
-      throw std::runtime_error("message " + std::to_string(i) + " came back changed");
-  }
-}
-
-int run_clients(const example::Args& args, std::uint64_t connections, std::uint64_t count, std::size_t size,
-                std::chrono::seconds quiet) {
-  std::atomic<std::uint64_t> failed{0};
-  std::vector<std::thread> threads;
-  for (std::uint64_t c = 0; c < connections; ++c)
-    threads.emplace_back([&] {
-      try {
-        run_one(args, count, size, quiet);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: %s\n", kName, e.what());
-        ++failed;
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  if (failed != 0) {
-    std::fprintf(stderr, "%s: %llu of %llu connections failed\n", kName, static_cast<unsigned long long>(failed.load()),
-                 static_cast<unsigned long long>(connections));
-    return 1;
-  }
-  std::printf("%s: %llu connections, %llu messages of %zu bytes each, echoed and checked\n", kName,
-              static_cast<unsigned long long>(connections), static_cast<unsigned long long>(count), size);
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -281,7 +232,7 @@ int main(int argc, char** argv) try {
     return 0;
   }
   connections = clients == 0 ? 1 : clients;
-  return run_clients(args, connections, count, size, std::chrono::seconds(quiet));
+  return example::run_echo_clients(kName, args, connections, count, size, std::chrono::seconds(quiet));
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", kName, e.what());
   return 1;

@@ -118,7 +118,7 @@ fi
 
 case $case_name in
   help)
-    for prog in write_pingpong send_recv echo_epoll read_remote atomic_counter srq_server; do
+    for prog in write_pingpong send_recv echo_epoll read_remote atomic_counter srq_server $( [ -x "$bin/echo_asio" ] && echo echo_asio); do
       start help --help
       finish 0
       expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
@@ -187,11 +187,12 @@ case $case_name in
     expect server "^send_recv: $addr:[0-9]+ left after (300|100|200) echoes$" 3
     expect server '^send_recv: served 3 clients, 600 messages$'
     ;;
-  echo_epoll)
+  echo_epoll | echo_asio)
     # One thread serves 53 clients: one silent (dropped at the server's 5 s idle limit), one
     # killed mid-run (the server notices on its rdma_cm fd and goes on), 50 at once with every
     # echo checked, then one more, which proves the server still serves. No round of its loop
-    # may take 1 s (it never blocks but in epoll_wait).
+    # may take 1 s (echo_epoll: it never blocks but in epoll_wait; echo_asio: its heartbeat
+    # never wakes 1 s late).
     start_server -c 53 -i 5
     start silent -p "$port" -n 0 -w 12 "$server_addr"
     start victim -p "$port" -n 100000000 "$server_addr"
@@ -210,12 +211,12 @@ case $case_name in
       sed 's/^/stderr: /' "$work/$label.err"
     done
     pids=() labels=()
-    expect many '^echo_epoll: 50 connections, 100 messages of 256 bytes each, echoed and checked$'
-    expect last '^echo_epoll: 1 connections, 10 messages of 64 bytes each, echoed and checked$'
+    expect many "^$prog: 50 connections, 100 messages of 256 bytes each, echoed and checked\$"
+    expect last "^$prog: 1 connections, 10 messages of 64 bytes each, echoed and checked\$"
     expect server ': 0 echoes; silent for 5 s: dropped$'
     expect server ': [0-9]+ echoes; (gone|a request failed: .*)$' 52
-    expect server '^echo_epoll: served 53 clients, [0-9]+ messages \(1 silent and dropped, [0-9]+ gone\); longest step [0-9]+ ms$'
-    longest=$(sed -n 's/^echo_epoll: served .*; longest step \([0-9]*\) ms$/\1/p' "$work/server.out")
+    expect server "^$prog: served 53 clients, [0-9]+ messages \\(1 silent and dropped, [0-9]+ gone\\); longest (step|stall) [0-9]+ ms\$"
+    longest=$(sed -En 's/^.*: served .*; longest (step|stall) ([0-9]*) ms$/\2/p' "$work/server.out")
     [ -n "$longest" ] && [ "$longest" -lt $((1000 * scale)) ] || fail "a round of the server's loop took ${longest:-?} ms (bound $((1000 * scale)) ms)"
     ;;
   read_remote)

@@ -2,6 +2,9 @@
 # cases skip (77) without an RDMA device; example.help needs none.
 # Included from tests/CMakeLists.txt when the examples are built.
 set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv echo_epoll read_remote atomic_counter srq_server)
+if(TARGET echo_asio)
+  list(APPEND verbs_example_cases echo_asio)
+endif()
 foreach(case IN LISTS verbs_example_cases)
   add_test(NAME example.${case}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
