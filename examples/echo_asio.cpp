@@ -88,10 +88,13 @@ asio::awaitable<void> session(verbs::cm::Connection conn, verbs::MemoryRegion sl
         }
       }
       if (why.rfind("a request failed", 0) == 0) {  // ended: say how, once the events tell
-        why.clear();
-        co_await end.async_wait_closed(asio::use_awaitable);
-        why = "gone";
-        ++stats.gone;
+        // (Not forever: a client whose host died sends no goodbye.)
+        quiet.expires_after(idle);
+        const auto how = co_await (end.async_wait_closed(asio::use_awaitable) || quiet.async_wait(asio::use_awaitable));
+        if (how.index() == 0) {
+          why = "gone";
+          ++stats.gone;
+        }
       }
     }
   } catch (const std::exception& e) {

@@ -162,6 +162,8 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
       ++accepted;
       peers.push_back(std::move(spare));
     }
+    // All have come: stop watching the listener (a further request would keep it readable).
+    (void)::epoll_ctl(ep, EPOLL_CTL_DEL, listener.fd(), nullptr);
   };
 
   while (expected == 0 || accepted < expected || !peers.empty()) {

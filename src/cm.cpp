@@ -1472,15 +1472,16 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
     // A request is taken: from here the client is answered, and waiting for it to confirm gets
     // its own budget. Ending on accept()'s deadline would destroy a connection the client
     // already has (accept(0ms) from an event loop would always do so).
-    auto pending = std::make_unique<PendingAccept::Impl>();
-    pending->budget = impl_->handshake_timeout;
-    pending->deadline = deadline_after(pending->budget);
-    pending->where = where;
+    std::unique_ptr<PendingAccept::Impl> pending;
     std::unique_ptr<Connection::Impl> c;
     // Its own channel makes the connection independent of the listener and of the others. Until
     // the request's id is the connection's, a failure (no descriptor left for the channel, say,
     // or no memory) rejects the request, so that the client hears at once, and destroys its id.
     try {
+      pending = std::make_unique<PendingAccept::Impl>();
+      pending->budget = impl_->handshake_timeout;
+      pending->deadline = deadline_after(pending->budget);
+      pending->where = where;
       c = std::make_unique<Connection::Impl>();
       c->channel = make_channel(Phase::accept, where);
     } catch (...) {

@@ -8,11 +8,16 @@
 // In a coroutine built by g++ 12, pass options as named variables, not as temporaries inside the
 // co_await expression: g++ 12 destroys such a temporary wrongly (a double free; GCC bug 100611).
 //
+// Timeouts: async_connect and async_accept keep the limits of their options; for the waits, race
+// a timer (`co_await (waiter.async_wait(buf, use_awaitable) || timer.async_wait(use_awaitable))`
+// cancels the loser through its slot), or call cancel() from a timer's handler.
+//
 // Nothing here allocates per completion: a waiter holds one asio descriptor for its fd (a dup of
 // it, registered with the reactor once), and a wait that finds completions ready completes
 // without touching the reactor (posted to the executor, as asio requires).
 #pragma once
 
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <asio/associated_executor.hpp>
@@ -81,29 +86,30 @@ class CqWaiter {
     return detail::watch(ex, cq.fd());
   }
 
+  // Reads the CQ only in a handler, and only when not cancelled: what an operation read is
+  // always handed over (with `wait || timer`, a wait whose result would be dropped reads nothing).
   struct Op {
     CqWaiter* w;
     std::span<Completion> out;
-    enum { start, posted, waiting } state = start;
-    std::size_t n = 0;
+    enum { start, check, woken } state = start;
     template <typename Self>
     void operator()(Self& self, std::error_code ec = {}) {
-      if (state == posted) return self.complete(std::error_code{}, n);
+      if (state == start) {  // never complete from inside the initiating function
+        state = check;
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
       if (ec) return self.complete(ec, 0);
-      if (state == waiting) {
+      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+        return self.complete(net::error::operation_aborted, 0);
+      if (state == woken) {
         (void)w->cq_->consume_events(ec);
         if (ec) return self.complete(ec, 0);
       }
       std::span<Completion> got = w->cq_->poll(out, ec);
       if (!ec && got.empty()) got = w->cq_->arm_and_poll(out, ec);
       if (ec) return self.complete(ec, 0);
-      if (!got.empty()) {
-        n = got.size();
-        if (state == waiting) return self.complete(std::error_code{}, n);
-        state = posted;  // not from inside the initiating function
-        return net::post(w->fd_.get_executor(), std::move(self));
-      }
-      state = waiting;
+      if (!got.empty()) return self.complete(std::error_code{}, got.size());
+      state = woken;
       w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
     }
   };
@@ -113,7 +119,8 @@ class CqWaiter {
 };
 
 /// Waits in asio for the events of a CompletionChannel shared by many CQs: one waiter for all
-/// of them. Move-only; one wait at a time; the channel's CQs keep it alive.
+/// of them. Move-only; one wait at a time; the CompletionChannel object must outlive the
+/// waiter, and not be moved meanwhile (the waiter reads through it).
 class ChannelWaiter {
  public:
   /// Watches `channel`'s fd. Throws std::system_error when it cannot be duplicated.
@@ -131,26 +138,24 @@ class ChannelWaiter {
   void cancel() { fd_.cancel(); }
 
  private:
-  struct Op {
+  struct Op {  // as CqWaiter's: reads only in a handler, and only when not cancelled
     ChannelWaiter* w;
     std::span<CqEvent> out;
-    enum { start, posted, waiting } state = start;
-    std::size_t n = 0;
+    bool started = false;
     template <typename Self>
     void operator()(Self& self, std::error_code ec = {}) {
-      if (state == posted) return self.complete(std::error_code{}, n);
+      if (!started) {
+        started = true;
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
       if (ec) return self.complete(ec, 0);
+      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+        return self.complete(net::error::operation_aborted, 0);
       // get_events() of a const channel: reading does not change what the channel is.
       auto& ch = const_cast<CompletionChannel&>(*w->channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
       const std::span<CqEvent> got = ch.get_events(out, ec);
       if (ec) return self.complete(ec, 0);
-      if (!got.empty()) {
-        n = got.size();
-        if (state == waiting) return self.complete(std::error_code{}, n);
-        state = posted;
-        return net::post(w->fd_.get_executor(), std::move(self));
-      }
-      state = waiting;
+      if (!got.empty()) return self.complete(std::error_code{}, got.size());
       w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
     }
   };
@@ -160,14 +165,15 @@ class ChannelWaiter {
 };
 
 /// Waits in asio for a cm::Connection to end (the peer disconnected or died, the device went,
-/// a fatal async event), reading its rdma_cm events as they come (Connection::poll_events):
-/// once it has ended, its QP is in ERR and what is posted flushes, so a CqWaiter on its CQs
-/// completes too. Move-only; the connection must outlive the waiter.
+/// a fatal async event of its QP), reading its rdma_cm events and the device's async events as
+/// they come (Connection::poll_events): once it has ended, its QP is in ERR and what is posted
+/// flushes, so a CqWaiter on its CQs completes too. It watches the connection's rdma_cm fd and
+/// the device's native async fd together (one epoll fd of its own). Move-only; the connection
+/// must outlive the waiter.
 class ConnectionWaiter {
  public:
-  /// Watches `conn`'s rdma_cm fd. Throws std::system_error when it cannot be duplicated.
-  ConnectionWaiter(const net::any_io_executor& ex, cm::Connection& conn)
-      : conn_(&conn), fd_(detail::watch(ex, conn.fd())) {}
+  /// Throws std::system_error when the epoll fd cannot be made.
+  ConnectionWaiter(const net::any_io_executor& ex, cm::Connection& conn) : conn_(&conn), fd_(open(ex, conn)) {}
 
   /// Completes with void(std::error_code) once the connection is over (no error), or with
   /// operation_aborted when cancelled, or rdma_cm's error.
@@ -179,29 +185,84 @@ class ConnectionWaiter {
   void cancel() { fd_.cancel(); }
 
  private:
+  static net::posix::stream_descriptor open(const net::any_io_executor& ex, cm::Connection& conn) {
+    const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+    net::posix::stream_descriptor d(ex, ep);  // owns it from here
+    for (const int fd : {conn.fd(), conn.device().native_handle()->async_fd}) {
+      epoll_event e{};
+      e.events = EPOLLIN;
+      e.data.fd = fd;
+      if (::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) != 0) throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+    }
+    return d;
+  }
+
   struct Op {
     ConnectionWaiter* w;
     bool started = false;
     template <typename Self>
     void operator()(Self& self, std::error_code ec = {}) {
-      if (ec) return self.complete(ec);
-      bool open = true;
-      try {
-        open = w->conn_->poll_events();
-      } catch (const Error& e) {
-        return self.complete(e.code());
-      }
-      if (!open) {
-        if (started) return self.complete(std::error_code{});
+      if (!started) {  // never complete from inside the initiating function
         started = true;
         return net::post(w->fd_.get_executor(), std::move(self));
       }
-      started = true;
+      if (ec) return self.complete(ec);
+      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+        return self.complete(net::error::operation_aborted);
+      try {
+        if (!w->conn_->poll_events()) return self.complete(std::error_code{});
+      } catch (const Error& e) {
+        return self.complete(e.code());
+      }
       w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
     }
   };
 
   cm::Connection* conn_;
+  net::posix::stream_descriptor fd_;
+};
+
+/// Waits in asio for a device's async events (Device::async_fd, Device::poll_async_events):
+/// port up and down, SRQ limit, CQ overrun, QP and device errors. Move-only; the device must
+/// outlive the waiter (its objects keep its context alive, but not the Device value).
+class DeviceEventWaiter {
+ public:
+  /// Watches `device`'s async fd. Throws std::system_error when it cannot be duplicated.
+  DeviceEventWaiter(const net::any_io_executor& ex, const Device& device)
+      : device_(&device), fd_(detail::watch(ex, device.async_fd())) {}
+
+  /// Waits until events are pending and completes with void(std::error_code, std::size_t n):
+  /// the first n entries of `out` (already acknowledged). `out` must live until completion.
+  template <typename Token>
+  auto async_wait(std::span<AsyncEvent> out, Token&& token) {
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+  }
+  /// Cancels the wait in progress (it completes with operation_aborted).
+  void cancel() { fd_.cancel(); }
+
+ private:
+  struct Op {  // as CqWaiter's: reads only in a handler, and only when not cancelled
+    DeviceEventWaiter* w;
+    std::span<AsyncEvent> out;
+    bool started = false;
+    template <typename Self>
+    void operator()(Self& self, std::error_code ec = {}) {
+      if (!started) {
+        started = true;
+        return net::post(w->fd_.get_executor(), std::move(self));
+      }
+      if (ec) return self.complete(ec, 0);
+      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+        return self.complete(net::error::operation_aborted, 0);
+      const std::span<AsyncEvent> got = w->device_->poll_async_events(out, ec);
+      if (ec) return self.complete(ec, 0);
+      if (!got.empty()) return self.complete(std::error_code{}, got.size());
+      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    }
+  };
+
+  const Device* device_;
   net::posix::stream_descriptor fd_;
 };
 
@@ -215,6 +276,8 @@ struct Stepper {
     Pending pending;
     net::posix::stream_descriptor fd;
     net::steady_timer timer;
+    unsigned armed = 0;      // which arming of the timer is current (a stale expiry is ignored)
+    bool expired = false;    // the current arming cancelled the fd's wait
   };
   std::shared_ptr<State> s;
   std::optional<cm::Connection> done{};
@@ -225,8 +288,8 @@ struct Stepper {
   void operator()(Self& self, std::error_code ec = {}) {
     if (state == finishing) return self.complete(failed, std::move(done));
     if (ec && ec != net::error::operation_aborted) return finish(self, ec);
-    if (ec == net::error::operation_aborted && std::chrono::steady_clock::now() < s->pending.deadline())
-      return finish(self, ec);  // cancelled by the caller, not by our timer
+    if (ec == net::error::operation_aborted && !s->expired) return finish(self, ec);  // the caller cancelled
+    s->expired = false;
     std::error_code step_ec;
     if (auto c = s->pending.step(step_ec)) {
       done.emplace(std::move(*c));
@@ -235,8 +298,11 @@ struct Stepper {
     if (step_ec) return finish(self, step_ec);
     // At the deadline the timer cancels the fd's wait, and step() then fails with ETIMEDOUT.
     s->timer.expires_at(s->pending.deadline());
-    s->timer.async_wait([st = std::weak_ptr<State>(s)](std::error_code tec) {
-      if (auto p = st.lock(); p && !tec) p->fd.cancel();
+    s->timer.async_wait([st = std::weak_ptr<State>(s), armed = ++s->armed](std::error_code tec) {
+      if (auto p = st.lock(); p && !tec && armed == p->armed) {
+        p->expired = true;
+        p->fd.cancel();
+      }
     });
     s->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }
@@ -267,7 +333,9 @@ auto async_connect(const net::any_io_executor& ex, std::string_view host, std::u
 /// void(std::error_code, std::optional<cm::Connection>) once the client confirmed (within
 /// ListenOptions::handshake_timeout), or with the error (the request is then rejected).
 /// Cancellation: operation_aborted. Call it again for the next client; `listener` must outlive
-/// the operation. One accept at a time per listener.
+/// the operation. One accept at a time per listener. The options are copied, but what they
+/// point at (private_data's bytes, pd, send_cq, recv_cq, qp.srq) is read when a request comes,
+/// so it must live until the operation completes; before_handshake runs inside it.
 template <typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
                   Token&& token);
@@ -299,6 +367,14 @@ struct AcceptOp {
       }
     } catch (const Error& e) {
       return finish(self, e.code());
+    } catch (const cm::Reject&) {  // before_handshake refused the request (it was rejected)
+      return finish(self, std::make_error_code(std::errc::connection_refused));
+    } catch (const std::system_error& e) {
+      return finish(self, e.code());
+    } catch (const std::bad_alloc&) {
+      return finish(self, std::make_error_code(std::errc::not_enough_memory));
+    } catch (...) {  // before_handshake threw something else (the request was rejected)
+      return finish(self, std::make_error_code(std::errc::io_error));
     }
     fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }

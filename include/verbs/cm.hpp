@@ -178,8 +178,10 @@ struct ListenOptions {
 /// the message naming the event, as a disconnect does (this side then disconnects, so the peer
 /// hears). Other events, and these too, are kept for Device::poll_async_events() on device() (or
 /// any Device on the context): reading them here takes none from the user. For an event loop,
-/// watch device().async_fd() as well as fd() and the CQs' fds, and call poll_events() when it is
-/// readable.
+/// watch the device's native async fd (device().native_handle()->async_fd: readable while the
+/// kernel has events) as well as fd() and the CQs' fds, and call poll_events() when one is
+/// readable. Not device().async_fd(): it stays readable while kept events wait for
+/// Device::poll_async_events(), which poll_events() does not call (a loop would spin).
 ///
 /// Threads (as libibverbs states it per verb):
 /// - wait(), wait_one(), spin(), spin_one(), wait_disconnected(), poll_events(), connected(),

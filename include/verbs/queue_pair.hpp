@@ -97,9 +97,10 @@ struct Endpoint {
 ///   0.64 ms) to retry sooner with a correspondingly shorter budget.
 struct TransportOptions {
   /// Default: the smaller of both ports' active MTU. cm: the smaller of the route's (the
-  /// client's active MTU) and this port's, so neither side sends more than its netdev carries;
-  /// a client with the larger MTU still sends its own size to the server: set the same MTU on
-  /// both hosts (`verbs-info --check --peer HOST` compares them).
+  /// client's active MTU) and this port's; a side that takes less than the peer would use
+  /// tells it in the handshake (a 4-byte tag before the private data), and both use the
+  /// smaller. A peer that is not verbs does not read the tag: set the same MTU on both hosts
+  /// (`verbs-info --check --peer HOST` compares them).
   std::optional<Mtu> path_mtu = std::nullopt;
   /// Reads/atomics this side may have in flight (max_rd_atomic); default min(16, device)
   /// (cm: also within what the peer offers).

@@ -2,6 +2,8 @@
 // coroutines (asio::use_awaitable) and with other tokens (a callback, use_future); cancellation.
 #include <verbs/asio.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -59,10 +61,16 @@ TEST_F(Asio, ACoroutineAwaitsCompletionsReadyOrNot) {
   bool done = false;
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
     std::array<Completion, 4> wcs;
-    // Not ready yet: the wait goes to sleep on the channel's fd.
-    EXPECT_TRUE(p.a.post_write(src->slice(0, 64), dst->remote(), {.wr_id = 1}).ok());
+    // Not ready yet: the wait goes to sleep on the channel's fd, and the write is posted only
+    // 100 ms later, by a timer.
+    asio::steady_timer later(io, 100ms);
+    bool posted_late = false;
+    later.async_wait([&](std::error_code) {
+      posted_late = p.a.post_write(src->slice(0, 64), dst->remote(), {.wr_id = 1}).ok();
+    });
     for (std::size_t n = co_await waiter.async_wait(wcs, asio::use_awaitable); n > 0; n = 0)
       for (const Completion& c : std::span(wcs).first(n)) ids.push_back(c.wr_id());
+    EXPECT_TRUE(posted_late) << "the wait returned before anything was posted";
     // Ready before the wait: it completes without sleeping.
     EXPECT_TRUE(p.a.post_write(src->slice(64, 64), dst->remote().slice(64), {.wr_id = 2}).ok());
     std::this_thread::sleep_for(200ms);  // (blocks the loop on purpose: the completion lands meanwhile)
@@ -99,6 +107,30 @@ TEST_F(Asio, AWaitIsCancelledByATimerThroughItsCancellationSlot) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
+// A wait cancelled before it ran takes nothing, even with completions ready: `wait || timer`
+// drops the loser's result, so what it had read would be lost. Cancelled at once through its
+// slot, it completes with operation_aborted and the completion is the next wait's.
+TEST_F(Asio, ACancelledWaitTakesNothingEvenWithCompletionsReady) {
+  QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .with_channel = true});
+  verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+  std::array<Completion, 4> wcs;
+  ASSERT_TRUE(p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 77}).ok());
+  std::this_thread::sleep_for(50ms);  // the completion is in the CQ
+  asio::cancellation_signal cancel;
+  std::optional<std::pair<std::error_code, std::size_t>> first, second;
+  waiter.async_wait(wcs, asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, std::size_t n) {
+                      first.emplace(ec, n);
+                    }));
+  cancel.emit(asio::cancellation_type::terminal);
+  ASSERT_TRUE(run_until(io, [&] { return first.has_value(); }));
+  EXPECT_EQ(first->first, asio::error::operation_aborted) << "a cancelled wait took " << first->second;
+  waiter.async_wait(wcs, [&](std::error_code ec, std::size_t n) { second.emplace(ec, n); });
+  ASSERT_TRUE(run_until(io, [&] { return second.has_value(); })) << "the completion was lost";
+  EXPECT_FALSE(second->first);
+  ASSERT_EQ(second->second, 1u);
+  EXPECT_TRUE(completed(wcs[0], WcOpcode::rdma_write, 77));
+}
+
 TEST_F(Asio, AChannelWaiterSaysWhichCqFiredAndACallbackIsAToken) {
   verbs::CompletionChannel channel(*dev);
   int tag = 0;
@@ -122,6 +154,35 @@ TEST_F(Asio, AChannelWaiterSaysWhichCqFiredAndACallbackIsAToken) {
   ASSERT_EQ(*got, 1u);
   EXPECT_TRUE(events[0].is(cq));
   EXPECT_EQ(events[0].context, &tag);
+}
+
+// A device's async events in a coroutine: the SRQ limit, raised by a send that leaves fewer
+// receives than the limit.
+TEST_F(Asio, ADeviceEventWaiterGivesTheSrqLimitEvent) {
+  std::array<verbs::AsyncEvent, 16> stale{};
+  (void)dev->poll_async_events(stale);  // whatever earlier tests left
+  verbs::SharedReceiveQueue srq(*pd, {.max_wr = 16, .limit = 2});
+  verbs::CompletionQueue scq(*dev), ccq(*dev);
+  verbs::QueuePair client(*pd, ccq, {.access = all_access});
+  verbs::QueuePair server(*pd, scq, verbs::QpOptions{.srq = &srq, .access = all_access});
+  client.connect(server.endpoint(), QpPair::fast());
+  server.connect(client.endpoint(), QpPair::fast());
+  for (std::uint64_t i = 0; i < 2; ++i) ASSERT_TRUE(srq.post_recv(dst->slice(i * 64, 64), i).ok());
+  verbs::asio::DeviceEventWaiter waiter(io.get_executor(), *dev);
+  std::array<verbs::AsyncEvent, 8> events{};
+  std::optional<verbs::AsyncEvent> limit;
+  bool done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(client.post_send(src->slice(0, 16), {.wr_id = 1}).ok());  // 1 receive left: below 2
+    while (!limit) {
+      const std::size_t n = co_await waiter.async_wait(events, asio::use_awaitable);
+      for (const verbs::AsyncEvent& e : std::span(events).first(n))
+        if (e.type == IBV_EVENT_SRQ_LIMIT_REACHED) limit = e;
+    }
+    done = true;
+  }, asio::detached);
+  ASSERT_TRUE(run_until(io, [&] { return done; })) << "no SRQ_LIMIT_REACHED within 20 s";
+  EXPECT_TRUE(limit->concerns(srq));
 }
 
 TEST_F(Asio, AsyncAcceptAndConnectInCoroutinesThenAMessageAndTheGoodbye) {
@@ -185,6 +246,25 @@ TEST_F(Asio, AsyncConnectToNoListenerFailsWithItsErrorAndUseFutureIsAToken) {
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), std::errc::connection_refused) << e.what();
   }
+}
+
+// A listener that never answers: the connect phase ends at ClientOptions::timeout, by the
+// operation's own timer (nothing else comes).
+TEST_F(Asio, AsyncConnectToAServerThatNeverAnswersFailsAtItsTimeout) {
+  cm::Listener listener(test_addr(), 0);  // requests queue; nobody accepts
+  std::optional<std::error_code> ec;
+  const auto t0 = std::chrono::steady_clock::now();
+  const cm::ClientOptions options{.timeout = 2s};
+  verbs::asio::async_connect(io.get_executor(), test_addr(), listener.port(), options,
+                             [&](std::error_code e, std::optional<cm::Connection> c) {
+                               EXPECT_FALSE(c.has_value());
+                               ec = e;
+                             });
+  ASSERT_TRUE(run_until(io, [&] { return ec.has_value(); }));
+  EXPECT_EQ(*ec, std::errc::timed_out) << ec->message();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 1900ms);
+  EXPECT_LT(took, 5s);
 }
 
 TEST_F(Asio, AsyncConnectToASilentAddressFailsAtItsDeadline) {

@@ -1461,6 +1461,27 @@ TEST_F(CmEventLoop, APendingConnectToNoListenerFailsInItsConnectPhase) {
   EXPECT_NE(std::string(again->what()).find("no listener"), std::string::npos) << again->what();
 }
 
+// A listener that never answers: the connect phase ends at ClientOptions::timeout, seen by
+// step() at deadline() (no event comes).
+TEST_F(CmEventLoop, APendingConnectToAServerThatNeverAnswersFailsAtItsTimeout) {
+  cm::Listener listener(test_addr(), 0);  // requests queue; nobody accepts
+  const auto t0 = std::chrono::steady_clock::now();
+  cm::PendingConnect p = cm::start_connect(test_addr(), listener.port(), {.timeout = 2s});
+  std::optional<ConnectError> e;
+  while (!e && std::chrono::steady_clock::now() < t0 + 10s) {
+    pollfd f{p.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, std::max<int>(0, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             p.deadline() - std::chrono::steady_clock::now()).count())));
+    e = connect_error([&] { (void)p.step(); });
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(e) << "no failure within 10 s";
+  EXPECT_EQ(e->code(), std::errc::timed_out) << e->what();
+  EXPECT_EQ(e->phase(), Phase::connect) << e->what();
+  EXPECT_GE(took, 1900ms);
+  EXPECT_LT(took, 5s);
+}
+
 TEST_F(CmEventLoop, APendingConnectToASilentAddressFailsAtItsDeadline) {
   std::string addr = test_addr();
   addr = addr.substr(0, addr.rfind('.')) + ".77";
