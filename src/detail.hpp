@@ -98,7 +98,11 @@ class AsyncHub {
 
  private:
   void deliver_locked(const AsyncEvent& event) noexcept;
-  std::shared_ptr<ibv_context> ctx_;  // kept alive: the registry's key must not be reused meanwhile
+  // Not owned: every holder of the hub (a Device, a connection) holds the context too, and
+  // releases the hub first. Owning it would keep the first holder's deleter alive, which for a
+  // cm connection's Device holds that connection's rdma_cm id (and its event channel) until the
+  // last connection on the device went.
+  ibv_context* const ctx_;
   int epoll_fd_ = -1;
   int kept_fd_ = -1;  // eventfd: readable while `kept_` is not empty
   mutable std::mutex mutex_;

@@ -466,7 +466,7 @@ std::string_view async_event_type_name(ibv_event_type type) noexcept {
   return "UNKNOWN";
 }
 
-AsyncHub::AsyncHub(std::shared_ptr<ibv_context> ctx) : ctx_(std::move(ctx)) {
+AsyncHub::AsyncHub(std::shared_ptr<ibv_context> ctx) : ctx_(ctx.get()) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) throw_errno(errno, "epoll_create1 (the device's async_fd)", SourceLocation::current());
   kept_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -492,7 +492,7 @@ void AsyncHub::pump(std::error_code& ec) noexcept {
   const std::lock_guard lock(mutex_);
   for (;;) {
     ibv_async_event raw{};
-    if (ibv_get_async_event(ctx_.get(), &raw) != 0) {
+    if (ibv_get_async_event(ctx_, &raw) != 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ec.assign(errno, std::generic_category());
       return;
     }

@@ -1364,6 +1364,27 @@ TEST_F(Cm, AClientThatTakesASmallerMtuHasTheServerWriteAtIt) {
   check_writes_both_ways(client, conn, 1000);
 }
 
+// Connections on one device share its async event reader; the first one's going must release
+// all it holds (its rdma_cm id and event channel) while later ones live on: the reader once kept
+// the first Device's context handle, whose deleter held that connection's id.
+TEST_F(Cm, TheFirstConnectionOnADeviceReleasesItsIdWhileOthersLive) {
+  device.reset();  // no Device of the fixture's: the first connection makes the device's reader
+  cm::Listener listener(test_addr(), 0);
+  const auto pair = [&] {
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+    return std::pair{std::move(client), server.get()};
+  };
+  std::optional<std::pair<cm::Connection, cm::Connection>> first(pair());
+  const int with_first = open_fds();
+  std::optional<std::pair<cm::Connection, cm::Connection>> second(pair());
+  const int with_both = open_fds();
+  const int per_pair = with_both - with_first;
+  first.reset();
+  EXPECT_EQ(open_fds(), with_both - per_pair) << "the first connection left descriptors behind";
+  second.reset();
+}
+
 // One thread and no blocking call (suite CmEventLoop): start_connect() and start_accept() with
 // PendingConnect/PendingAccept, driven by poll(2) on their fds. Each step() must return at once
 // (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
