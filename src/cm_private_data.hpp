@@ -4,6 +4,7 @@
 // tests/fuzz/cm_private_data.cpp fuzzes parse_cm_private_data.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -55,11 +56,15 @@ inline std::vector<std::byte> frame_cm_private_data(const std::optional<RemoteSl
 /// is exposed, and the bytes begin with a valid slice's wire form, or with a valid tag (the
 /// framing has no "present" flags, so that private data without `expose` reaches any rdma_cm
 /// peer unchanged). Such data is refused.
+/// The peer sees the field zero-padded to its full size (rdma_cm's 56, 196 or 148 bytes), so
+/// bytes shorter than a slice's wire form may still read as one there ("VR", 1 and zeros).
 inline bool cm_private_data_ambiguous(const std::optional<RemoteSlice>& expose, std::span<const std::byte> user) {
   std::error_code ec;
   if (expose) return false;
-  return decode_mtu_tag(user).has_value() ||
-         (user.size() >= RemoteSlice::wire_size && RemoteSlice::decode(user.first(RemoteSlice::wire_size), ec));
+  if (decode_mtu_tag(user)) return true;
+  RemoteSlice::Wire padded{};
+  std::copy_n(user.begin(), std::min(user.size(), padded.size()), padded.begin());
+  return RemoteSlice::decode(padded, ec).has_value();
 }
 
 /// The peer's private data, split: a path MTU tag (when the first 4 bytes decode as one), an

@@ -129,7 +129,8 @@ struct ConnectionOptions {
   /// below what the peer would use (a smaller MTU on its host, or transport.path_mtu) puts a
   /// 4-byte tag ("VM", 1, the ibv_mtu) in front, which a verbs peer reads and strips, and needs
   /// the room for it (EMSGSIZE otherwise). Without `expose`, bytes that begin with a slice's
-  /// wire form or with such a tag are refused (EINVAL): the peer would misread them.
+  /// wire form or with such a tag are refused (EINVAL): the peer would misread them. The peer
+  /// sees the field zero-padded, so this counts the padding too ("VR", 1 alone is refused).
   std::span<const std::byte> private_data{};
   /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
   /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.

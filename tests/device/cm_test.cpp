@@ -182,6 +182,16 @@ TEST_F(Cm, PrivateDataOneByteOverTheLimitIsRefusedBeforeAnythingIsSent) {
   EXPECT_EQ(s->code(), std::errc::message_size);
 }
 
+// rdma_cm zero-pads the field: 3 bytes "VR", 1 arrive as a slice's wire form with zeros after
+// it (a slice {0, 0, 0} at the peer, and the bytes gone): refused too.
+TEST_F(Cm, PrivateDataThatPaddingWouldMakeASliceIsRefused) {
+  cm::Listener listener(test_addr(), 0);
+  const std::vector<std::byte> data{std::byte{'V'}, std::byte{'R'}, std::byte{1}};
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.connection = {.private_data = data}}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+}
+
 // Private data that begins like the path MTU tag would lose its first 4 bytes at a verbs peer
 // and set its MTU: refused before anything is sent.
 TEST_F(Cm, PrivateDataThePeerWouldTakeForAnMtuTagIsRefused) {

@@ -6,6 +6,7 @@
 #
 # Usage: faults.sh CASE WIRE_PEER VERBS_INFO
 #   loss1, loss5          netem loss of 1% / 5% on both hosts' eth0: every round completes, checked
+#                         (loss5 with messages of at most 4 KiB: see there)
 #   delay                 15 ms each way and 1-15 ms of jitter, in order: every round completes
 #   reorder               5% of packets overtake the rest (5 ms late)
 #   duplicate             5% of packets twice: no atomic executes twice
@@ -135,10 +136,19 @@ failed_within() {
 }
 
 case $case_name in
-  loss1 | loss5)
-    netem loss "${case_name#loss}%"
+  loss1)
+    netem loss 1%
     serve_on_a
     checked client -c 2 -n 60 "${emu[@]}"
+    stop_server
+    ;;
+  loss5)
+    # Messages of at most 4 KiB (4 packets): on rxe every sequence-error NAK costs a transport
+    # retry, so at 5% loss a 48 KiB message (48 packets, ~2.4 lost per try) ran out of its 7
+    # tries now and then (RETRY_EXC_ERR after 3.3 s, 1 run in 3).
+    netem loss 5%
+    serve_on_a
+    checked client -c 2 -n 60 --max-size 4096 "${emu[@]}"
     stop_server
     ;;
   delay)
@@ -229,11 +239,16 @@ case $case_name in
     ;;
   host_killed)
     serve_on_a
-    ("$pair" run sleep 3 && t=$(now_ms) && "$pair" poweroff && echo "$t" >"$work/off-at" && echo "host a powered off") &
+    # Host a goes silent somewhere between the request and `pair poweroff` returning (the VM is
+    # killed once rxe-pair sees the request: 0.2-1.2 s under load): the bound counts from the
+    # request, plus that time, plus 500 ms of slack for the clocks' granularity.
+    ("$pair" run sleep 3 && t=$(now_ms) && "$pair" poweroff && echo "$t $(now_ms)" >"$work/off-at" && echo "host a powered off") &
     lpid=$!
     client client -c 2 -t 40 && fail "the client did not fail when host a lost power"
     wait "$lpid"
-    failed_within client $((default_bound_ms + 1000)) "$(cat "$work/off-at")"
+    read -r asked off <"$work/off-at"
+    echo "power-off: asked at $asked, off by $off ($((off - asked)) ms)"
+    failed_within client $((default_bound_ms + off - asked + 500)) "$asked"
     spid=
     "$pair" boot && echo "host a booted again"
     serve_on_a

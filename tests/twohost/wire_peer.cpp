@@ -18,7 +18,7 @@
 //      before it (a lost or twice-executed atomic shows),
 // and at the end reads the counter once more. Every operation waits at most --op-timeout
 // (default 30 s), so nothing hangs. Transport options: --ack-timeout N, --retry N,
-// --rnr-retry N (TransportOptions). Output: one line per connection and a summary,
+// --rnr-retry N (TransportOptions); --max-size BYTES caps the round's size. Output: one line per connection and a summary,
 //   wire_peer: 2 connections, 412 rounds (1648 operations) in 10.2 s: 0 lost, 0 wrong
 // or, on the first failure of a connection,
 //   wire_peer: connection 1: FAILED in round 17 (read): <error> after 2107 ms; at 1764601234567
@@ -87,13 +87,14 @@ struct Options {
   std::uint64_t rounds = 0;
   int idle = 10, op_timeout = 30;
   std::uint64_t clients = 0;
+  std::size_t max_size = 49152;  // --max-size: the largest round's size
   verbs::TransportOptions transport{};
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "wire_peer: %s\nusage: wire_peer serve [-a ADDR] [-p PORT] [--idle S] [--clients N]\n"
                        "       wire_peer run HOST [-p PORT] [-c N] [-t SECONDS | -n ROUNDS] [--op-timeout S]\n"
-                       "                 [--ack-timeout N] [--retry N] [--rnr-retry N]\n", why.c_str());
+                       "                 [--ack-timeout N] [--retry N] [--rnr-retry N] [--max-size BYTES]\n", why.c_str());
   std::exit(64);
 }
 
@@ -203,7 +204,7 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
     };
     std::uint64_t adds = 0;
     for (std::uint64_t i = 0; o.rounds != 0 ? i < o.rounds : Clock::now() < end; ++i) {
-      const std::size_t size = kSizes[i % std::size(kSizes)];
+      const std::size_t size = std::min(kSizes[i % std::size(kSizes)], o.max_size);
       const std::uint64_t seed = (static_cast<std::uint64_t>(k) << 40) ^ i;
       step = "write";
       fill(out, size, seed);
@@ -315,6 +316,10 @@ int main(int argc, char** argv) try {
     else if (a == "--ack-timeout") o.transport.ack_timeout = static_cast<std::uint8_t>(number(val(), a.c_str()));
     else if (a == "--retry") o.transport.retry_count = static_cast<std::uint8_t>(number(val(), a.c_str()));
     else if (a == "--rnr-retry") o.transport.rnr_retry_count = static_cast<std::uint8_t>(number(val(), a.c_str()));
+    else if (a == "--max-size") {
+      o.max_size = number(val(), "--max-size");
+      if (o.max_size < 8 || o.max_size > 49152) usage("--max-size: 8 to 49152");
+    }
     else if (a[0] != '-' && mode == "run" && o.host.empty()) o.host = a;
     else usage("unknown argument " + a);
   }
