@@ -1146,6 +1146,24 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
 }
 
 // ---------------------------------------------------------------------------------------------
+namespace {
+/// The error_code form of a PendingConnect's or PendingAccept's step(): what it throws, as `ec`.
+template <typename Step>
+std::optional<Connection> step_or_code(Step&& step, std::error_code& ec) noexcept {
+  try {
+    ec.clear();
+    return step();
+  } catch (const Error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = std::make_error_code(std::errc::io_error);  // before_handshake threw something else
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 // A connect, as a state machine driven by the events of its channel: one step per event, and
 // never a wait (connect() waits between steps; an event loop calls step() itself).
 struct PendingConnect::Impl {
@@ -1285,19 +1303,7 @@ std::optional<Connection> PendingConnect::step() {
   return impl_->step();
 }
 
-std::optional<Connection> PendingConnect::step(std::error_code& ec) noexcept {
-  try {
-    ec.clear();
-    return step();
-  } catch (const Error& e) {
-    ec = e.code();
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-  } catch (...) {
-    ec = std::make_error_code(std::errc::io_error);  // before_handshake threw something else
-  }
-  return std::nullopt;
-}
+std::optional<Connection> PendingConnect::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
 
 int PendingConnect::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
 std::chrono::steady_clock::time_point PendingConnect::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->step_deadline; }
@@ -1442,17 +1448,7 @@ std::optional<Connection> PendingAccept::step() {
   return impl_->step();
 }
 
-std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept {
-  try {
-    ec.clear();
-    return step();
-  } catch (const Error& e) {
-    ec = e.code();
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-  }
-  return std::nullopt;
-}
+std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
 
 int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
 std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->deadline; }

@@ -53,6 +53,30 @@ inline net::posix::stream_descriptor watch(const net::any_io_executor& ex, int f
   if (d < 0) throw std::system_error(errno, std::generic_category(), "dup");
   return net::posix::stream_descriptor(ex, d);
 }
+/// The wait of ChannelWaiter and DeviceEventWaiter: `read(out, ec)` (non-blocking) until it
+/// gives something, sleeping on `fd` between. As CqWaiter's, it reads only in a handler, and
+/// never once cancelled, so what it read is always handed over.
+template <typename Event, typename Read>
+struct ReadOp {
+  net::posix::stream_descriptor* fd;
+  Read read;
+  std::span<Event> out;
+  bool started = false;
+  template <typename Self>
+  void operator()(Self& self, std::error_code ec = {}) {
+    if (!started) {  // never complete from inside the initiating function
+      started = true;
+      return net::post(fd->get_executor(), std::move(self));
+    }
+    if (ec) return self.complete(ec, 0);
+    if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+      return self.complete(net::error::operation_aborted, 0);
+    const std::span<Event> got = read(out, ec);
+    if (ec) return self.complete(ec, 0);
+    if (!got.empty()) return self.complete(std::error_code{}, got.size());
+    fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+  }
+};
 }  // namespace detail
 
 /// Waits in asio for the completions of one CQ that has a completion channel of its own
@@ -132,34 +156,16 @@ class ChannelWaiter {
   /// the next wait. `out` must live until completion.
   template <typename Token>
   auto async_wait(std::span<CqEvent> out, Token&& token) {
-    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+    // get_events() of a const channel: reading does not change what the channel is.
+    auto* ch = const_cast<CompletionChannel*>(channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    auto read = [ch](std::span<CqEvent> o, std::error_code& ec) { return ch->get_events(o, ec); };
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(
+        detail::ReadOp<CqEvent, decltype(read)>{&fd_, read, out}, token, fd_);
   }
   /// Cancels the wait in progress (it completes with operation_aborted).
   void cancel() { fd_.cancel(); }
 
  private:
-  struct Op {  // as CqWaiter's: reads only in a handler, and only when not cancelled
-    ChannelWaiter* w;
-    std::span<CqEvent> out;
-    bool started = false;
-    template <typename Self>
-    void operator()(Self& self, std::error_code ec = {}) {
-      if (!started) {
-        started = true;
-        return net::post(w->fd_.get_executor(), std::move(self));
-      }
-      if (ec) return self.complete(ec, 0);
-      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
-        return self.complete(net::error::operation_aborted, 0);
-      // get_events() of a const channel: reading does not change what the channel is.
-      auto& ch = const_cast<CompletionChannel&>(*w->channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-      const std::span<CqEvent> got = ch.get_events(out, ec);
-      if (ec) return self.complete(ec, 0);
-      if (!got.empty()) return self.complete(std::error_code{}, got.size());
-      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
-    }
-  };
-
   const CompletionChannel* channel_;
   net::posix::stream_descriptor fd_;
 };
@@ -236,32 +242,14 @@ class DeviceEventWaiter {
   /// the first n entries of `out` (already acknowledged). `out` must live until completion.
   template <typename Token>
   auto async_wait(std::span<AsyncEvent> out, Token&& token) {
-    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+    auto read = [d = device_](std::span<AsyncEvent> o, std::error_code& ec) { return d->poll_async_events(o, ec); };
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(
+        detail::ReadOp<AsyncEvent, decltype(read)>{&fd_, read, out}, token, fd_);
   }
   /// Cancels the wait in progress (it completes with operation_aborted).
   void cancel() { fd_.cancel(); }
 
  private:
-  struct Op {  // as CqWaiter's: reads only in a handler, and only when not cancelled
-    DeviceEventWaiter* w;
-    std::span<AsyncEvent> out;
-    bool started = false;
-    template <typename Self>
-    void operator()(Self& self, std::error_code ec = {}) {
-      if (!started) {
-        started = true;
-        return net::post(w->fd_.get_executor(), std::move(self));
-      }
-      if (ec) return self.complete(ec, 0);
-      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
-        return self.complete(net::error::operation_aborted, 0);
-      const std::span<AsyncEvent> got = w->device_->poll_async_events(out, ec);
-      if (ec) return self.complete(ec, 0);
-      if (!got.empty()) return self.complete(std::error_code{}, got.size());
-      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
-    }
-  };
-
   const Device* device_;
   net::posix::stream_descriptor fd_;
 };
