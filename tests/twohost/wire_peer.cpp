@@ -1,13 +1,14 @@
 // wire_peer: traffic across the wire with every byte checked, for the cross-host fault tests.
 //
-//   wire_peer serve [-a ADDR] [-p PORT] [--idle SECONDS] [--clients N]
+//   wire_peer serve [-a ADDR] [-p PORT] [--idle SECONDS] [--clients N] [--echo-delay MS]
 //   wire_peer run HOST [-p PORT] [-c CONNECTIONS] [-t SECONDS | -n ROUNDS] [transport options]
 //
 // The server accepts connections until --clients have come (default: forever), each served on
 // its own thread: it exposes a region of its own to that client (remote read, write and atomic)
 // and echoes every message the client sends, after checking its checksum. A connection that
 // fails, or whose client stays silent for --idle seconds (default 10), is dropped and said so;
-// the server goes on accepting.
+// the server goes on accepting. --echo-delay holds each echo back (a server that takes its time to
+// answer: its client spends the round waiting, probing).
 //
 // The client opens CONNECTIONS connections (default 1), each on its own thread, and on each
 // repeats a round until -t SECONDS have passed or -n ROUNDS are done:
@@ -17,7 +18,8 @@
 //   4. fetch-and-adds 1 to the region's counter and checks the old value is the number of adds
 //      before it (a lost or twice-executed atomic shows),
 // and at the end reads the counter once more. Every operation waits at most --op-timeout
-// (default 30 s), so nothing hangs. Transport options: --ack-timeout N, --retry N,
+// (default 30 s), so nothing hangs; while it waits for an echo, an 8-byte read probes the server
+// every 200 ms (a host that vanishes fails that read within the transport's bound). Transport options: --ack-timeout N, --retry N,
 // --rnr-retry N (TransportOptions); --max-size BYTES caps the round's size. Output: one line per connection and a summary,
 //   wire_peer: 2 connections, 412 rounds (1648 operations) in 10.2 s: 0 lost, 0 wrong
 // or, on the first failure of a connection,
@@ -51,6 +53,7 @@ constexpr std::size_t kData = 64;            // where the data starts in it
 constexpr std::size_t kMaxMsg = 4096;        // largest message sent (and each receive buffer)
 constexpr std::size_t kRecvs = 16;           // receives the server keeps posted
 constexpr std::size_t kSizes[] = {8, 1000, 4096, 16384, 49152};
+constexpr auto kProbe = std::chrono::milliseconds(200);  // a client's wait for an echo between probes
 std::mutex print_mutex;
 
 template <typename... A>
@@ -85,14 +88,14 @@ struct Options {
   int connections = 1;
   double seconds = 0;
   std::uint64_t rounds = 0;
-  int idle = 10, op_timeout = 30;
+  int idle = 10, op_timeout = 30, echo_delay = 0;
   std::uint64_t clients = 0;
   std::size_t max_size = 49152;  // --max-size: the largest round's size
   verbs::TransportOptions transport{};
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "wire_peer: %s\nusage: wire_peer serve [-a ADDR] [-p PORT] [--idle S] [--clients N]\n"
+  std::fprintf(stderr, "wire_peer: %s\nusage: wire_peer serve [-a ADDR] [-p PORT] [--idle S] [--clients N] [--echo-delay MS]\n"
                        "       wire_peer run HOST [-p PORT] [-c N] [-t SECONDS | -n ROUNDS] [--op-timeout S]\n"
                        "                 [--ack-timeout N] [--retry N] [--rnr-retry N] [--max-size BYTES]\n", why.c_str());
   std::exit(64);
@@ -101,7 +104,7 @@ struct Options {
 // ---- server -----------------------------------------------------------------------------------
 // `region` is what the connection exposes: held until the connection is over.
 void serve_one(verbs::cm::Connection conn, [[maybe_unused]] std::shared_ptr<verbs::MemoryRegion> region,
-               std::shared_ptr<verbs::MemoryRegion> bufs, int idle) {
+               std::shared_ptr<verbs::MemoryRegion> bufs, int idle, int echo_delay_ms) {
   const std::string peer = conn.peer_address();
   std::uint64_t echoed = 0;
   std::string why;
@@ -122,6 +125,7 @@ void serve_one(verbs::cm::Connection conn, [[maybe_unused]] std::shared_ptr<verb
         break;
       }
       // Echo it from the same buffer, then give the buffer back to the receive queue.
+      if (echo_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(echo_delay_ms));
       conn.qp().post_send(bufs->slice(slot * kMaxMsg, n), {.wr_id = slot}).check();
       const auto sent = conn.wait_one(conn.send_cq(), std::chrono::seconds(idle));
       if (!sent) {
@@ -169,7 +173,7 @@ int serve(const Options& o) {
     }
     ++accepted;
     say("wire_peer: connection %llu from %s\n", static_cast<unsigned long long>(accepted), conn->peer_address().c_str());
-    threads.emplace_back(serve_one, std::move(*conn), region, bufs, o.idle);
+    threads.emplace_back(serve_one, std::move(*conn), region, bufs, o.idle, o.echo_delay);
   }
   for (std::thread& t : threads) t.join();
   say("wire_peer: served %llu connections\n", static_cast<unsigned long long>(accepted));
@@ -228,7 +232,23 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
       posted = Clock::now();
       conn.qp().post_send(mine.slice(2 * kRegion, n)).check();
       done(conn.send_cq());
-      const verbs::Completion echo = done(conn.recv_cq());
+      // The send was acknowledged: until the echo comes nothing of ours is posted, and a peer
+      // whose host vanishes now would never be noticed (RC retries only what is outstanding).
+      // So every kProbe without the echo, an 8-byte read of the counter probes the peer: it
+      // fails within the transport's bound when nobody answers (README, "Reliability").
+      const auto echo_by = Clock::now() + op_timeout;
+      std::optional<verbs::Completion> got;
+      while (!(got = conn.wait_one(conn.recv_cq(), kProbe))) {
+        if (Clock::now() >= echo_by) throw std::runtime_error("no echo within " + std::to_string(o.op_timeout) + " s");
+        step = "send (probe)";
+        posted = Clock::now();
+        conn.qp().post_read(mine.slice(kRegion - 8, 8), remote.slice(0, 8)).check();
+        done(conn.send_cq());
+        step = "send";
+      }
+      got->throw_if_failed();
+      ++r.ops;
+      const verbs::Completion echo = *got;
       if (echo.byte_len() != n || std::memcmp(msg + kMaxMsg, back, n) != 0)
         throw std::runtime_error("the echo differs from the message");
       step = "atomic";
@@ -265,6 +285,9 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
 int run(const Options& o) {
   const auto t0 = Clock::now();
   const auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  if (const auto bound = verbs::failure_bound(o.transport).transport)
+    say("wire_peer: a request fails within %lld ms of a silent peer; an echo awaited probes it every %lld ms\n",
+        static_cast<long long>(bound->count()), static_cast<long long>(kProbe.count()));
   std::vector<Result> results(static_cast<std::size_t>(o.connections));
   std::vector<std::thread> threads;
   for (int k = 0; k < o.connections; ++k)
@@ -312,6 +335,7 @@ int main(int argc, char** argv) try {
     else if (a == "-n") o.rounds = number(val(), "-n");
     else if (a == "--idle") o.idle = static_cast<int>(number(val(), "--idle"));
     else if (a == "--op-timeout") o.op_timeout = static_cast<int>(number(val(), "--op-timeout"));
+    else if (a == "--echo-delay") o.echo_delay = static_cast<int>(number(val(), "--echo-delay"));
     else if (a == "--clients") o.clients = number(val(), "--clients");
     else if (a == "--ack-timeout") o.transport.ack_timeout = static_cast<std::uint8_t>(number(val(), a.c_str()));
     else if (a == "--retry") o.transport.retry_count = static_cast<std::uint8_t>(number(val(), a.c_str()));
