@@ -17,6 +17,12 @@ add_test(NAME bench.compare_out_outside_repo_for_vm
 set_tests_properties(bench.compare_out_outside_repo_for_vm PROPERTIES LABELS host TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "compare: --out /proc/verbs-compare: (the run goes to the SoftRoCE VM, which can write only inside the repository|cannot write there)")
 
+# verbs-perf -e (sleep on the completion channel) is for the latency tests; a bandwidth test with
+# it is refused before anything is opened. Host test.
+add_test(NAME bench.verbs_perf_events_latency_only COMMAND verbs-perf write_bw -e)
+set_tests_properties(bench.verbs_perf_events_latency_only PROPERTIES LABELS host TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "-e: for the latency tests")
+
 # bench/compare --report prints the table again from a compare.json: the stored results must give
 # back the very ratio lines their run printed, with a 90% interval on every ratio and gain row;
 # a file that is not a compare.json is refused with a reason. Host tests.

@@ -59,6 +59,9 @@ Local options:
   -x, --gid-index N      GID index (default: RoCE v2 with an IPv4-mapped address first)
   -p, --port N           TCP port of the exchange, or rdma_cm port with -R (default 18515)
   -R, --rdma-cm          connect with rdma_cm instead of the TCP exchange
+  -e, --events           latency tests: sleep until a completion comes (each CQ with a
+                         completion channel of its own, CompletionQueue::wait) instead of
+                         busy-polling, as perftest's -e; each side chooses for itself
       --bind ADDR        -R: the local address (default: server, the first with an RDMA
                          device; client, the one routed to HOST)
       --json FILE        write the results as JSON (client)
@@ -174,6 +177,7 @@ Config parse_args(int argc, char** argv) {
     // Flags without a value.
     if (arg == "-a" || arg == "--all") { c.all_sizes = true; continue; }
     if (arg == "-R" || arg == "--rdma-cm") { c.rdma_cm = true; continue; }
+    if (arg == "-e" || arg == "--events") { c.events = true; continue; }
     if (arg == "-N" || arg == "--no-peak") { c.no_peak = true; continue; }
     if (arg == "--verify") { c.verify = true; continue; }
     // -X VALUE, -XVALUE, --name VALUE, --name=VALUE
@@ -252,6 +256,7 @@ void validate(const Config& c) {
   if (c.duration > 0 && c.all_sizes) bad("-D and -a: give one of them");
   if (c.duration > 0 && c.iters > 0) bad("-D and -n: give one of them");
   if (c.verify && !t.bw && c.test != Test::atomic_lat) bad("--verify: for the bandwidth tests and atomic_lat");
+  if (c.events && t.bw) bad("-e: for the latency tests");
   if (c.tx_depth > 0 && c.post_list > c.tx_depth) bad("-l: the post list cannot be longer than the tx depth (-t)");
   for (const std::uint64_t size : c.sizes()) (void)plan_for(c, size);  // throws on a bad combination
 }

@@ -405,8 +405,8 @@ std::pair<std::uint8_t, std::uint8_t> read_depths(const Config& c, const verbs::
 
 void make_cqs(Session& s, int send_depth, int recv_depth) {
   const int max_cqe = s.device->attributes().orig_attr.max_cqe;
-  s.send_cq.emplace(*s.device, verbs::CqOptions{.depth = std::min(send_depth, max_cqe)});
-  s.recv_cq.emplace(*s.device, verbs::CqOptions{.depth = std::min(recv_depth, max_cqe)});
+  s.send_cq.emplace(*s.device, verbs::CqOptions{.depth = std::min(send_depth, max_cqe), .with_channel = s.cfg.events});
+  s.recv_cq.emplace(*s.device, verbs::CqOptions{.depth = std::min(recv_depth, max_cqe), .with_channel = s.cfg.events});
 }
 
 void make_region(Session& s) {

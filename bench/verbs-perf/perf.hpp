@@ -69,6 +69,7 @@ struct Config {
   std::uint8_t ib_port = 1;               ///< -i
   std::uint16_t port = 18515;             ///< -p (perftest's default)
   bool rdma_cm = false;                   ///< -R
+  bool events = false;                    ///< -e: sleep on the CQs' completion channels, not poll
   std::string bind;                       ///< --bind: local address for rdma_cm
   std::string json;                       ///< --json FILE
   std::chrono::seconds timeout{30};       ///< --timeout: longest silence of the peer

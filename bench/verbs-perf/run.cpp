@@ -47,11 +47,17 @@ constexpr std::byte seq(std::uint64_t i) noexcept { return static_cast<std::byte
   throw Failure("the peer went quiet for " + std::to_string(s.cfg.timeout.count()) + " s (--timeout)");
 }
 
-/// Busy-polls one completion, as perftest's `do ne = ibv_poll_cq(cq, 1, &wc); while (ne == 0)`.
+/// Busy-polls one completion, as perftest's `do ne = ibv_poll_cq(cq, 1, &wc); while (ne == 0)`;
+/// with -e, sleeps until it comes (CompletionQueue::wait: poll, arm, poll again, then sleep on
+/// the channel's fd), where perftest sleeps in ibv_get_cq_event and arms after.
 verbs::Completion spin(const Session& s, verbs::CompletionQueue& cq, Watchdog& wd) {
   verbs::Completion wc;
-  while (cq.poll(std::span(&wc, 1)).empty())
-    if (wd.starved()) starved(s);
+  if (s.cfg.events) {
+    if (cq.wait(std::span(&wc, 1), s.cfg.timeout).empty()) starved(s);
+  } else {
+    while (cq.poll(std::span(&wc, 1)).empty())
+      if (wd.starved()) starved(s);
+  }
   wd.progress();
   if (!wc.ok()) completion_failed(wc);
   return wc;

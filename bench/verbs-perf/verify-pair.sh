@@ -73,6 +73,8 @@ pair ok $host send_bw --verify -s 8 -n 512 -l 16
 pair ok $host send_bw --verify -s 100000 -n 40 -q 2
 pair ok $host send_bw --verify -s 64 -D 2
 pair ok $host atomic_lat --verify -n 200
+# -e: each completion waited for on the CQ's channel (CompletionQueue::wait), not polled.
+pair ok $host atomic_lat --verify -n 200 -e
 # rdma_cm needs the device's own address.
 cm_host=${remote:-${VERBS_TEST_ADDR:-}}
 if [ -n "$cm_host" ]; then
