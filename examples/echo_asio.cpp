@@ -39,7 +39,7 @@ using namespace asio::experimental::awaitable_operators;
 using Clock = std::chrono::steady_clock;
 constexpr const char* kName = "echo_asio";
 constexpr std::size_t kSlots = 8;
-constexpr std::size_t kMax = 4096;
+constexpr std::size_t kMax = example::kEchoMax;
 constexpr std::uint64_t kSend = 1u << 16;
 
 struct Stats {
@@ -154,17 +154,11 @@ asio::awaitable<void> heartbeat(Stats& stats, const bool& done) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::uint64_t clients = 0, idle = 10, count = 1000, size = 64, quiet = 0;
-  const example::Args args = example::parse_args(
-      argc, argv, kName, "Echo server for many clients on one thread (asio coroutines), and its clients.",
-      {{'c', "N", "server: clients to serve before exiting (0: never); client: connections", &clients, 0},
-       {'i', "SECONDS", "server: drop a client silent this long", &idle, 1},
-       {'n', "MESSAGES", "client: messages per connection", &count, 0},
-       {'s', "SIZE", "client: bytes per message, at most 4096", &size, 1},
-       {'w', "SECONDS", "client: wait this long, silent, before sending", &quiet, 0}});
-  if (size > kMax) throw std::invalid_argument("-s: at most 4096");
-  if (!args.server())
-    return example::run_echo_clients(kName, args, clients == 0 ? 1 : clients, count, size, std::chrono::seconds(quiet));
+  const example::EchoOptions o = example::parse_echo_args(
+      argc, argv, kName, "Echo server for many clients on one thread (asio coroutines), and its clients.");
+  if (!o.args.server()) return example::run_echo_clients(kName, o);
+  const example::Args& args = o.args;
+  const std::uint64_t clients = o.clients, idle = o.idle;
 
   asio::io_context io(1);
   Stats stats;

@@ -43,7 +43,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kName = "echo_epoll";
 constexpr std::size_t kSlots = 8;      // receives posted per connection
-constexpr std::size_t kMax = 4096;     // the largest message
+constexpr std::size_t kMax = example::kEchoMax;  // the largest message
 constexpr std::uint64_t kSend = 1u << 16;  // wr_id of an echo: kSend | slot
 
 // ---- server ----------------------------------------------------------------------------------
@@ -220,21 +220,11 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::uint64_t clients = 0, idle = 10, connections = 1, count = 1000, size = 64, quiet = 0;
-  const example::Args args = example::parse_args(
-      argc, argv, kName, "Echo server for many clients on one thread (epoll), and its clients.",
-      {{'c', "N", "server: clients to serve before exiting (0: never); client: connections", &clients, 0},
-       {'i', "SECONDS", "server: drop a client silent this long", &idle, 1},
-       {'n', "MESSAGES", "client: messages per connection", &count, 0},
-       {'s', "SIZE", "client: bytes per message, at most 4096", &size, 1},
-       {'w', "SECONDS", "client: wait this long, silent, before sending", &quiet, 0}});
-  if (size > kMax) throw std::invalid_argument("-s: at most 4096");
-  if (args.server()) {
-    serve(args, clients, std::chrono::seconds(idle));
-    return 0;
-  }
-  connections = clients == 0 ? 1 : clients;
-  return example::run_echo_clients(kName, args, connections, count, size, std::chrono::seconds(quiet));
+  const example::EchoOptions o = example::parse_echo_args(
+      argc, argv, kName, "Echo server for many clients on one thread (epoll), and its clients.");
+  if (!o.args.server()) return example::run_echo_clients(kName, o);
+  serve(o.args, o.clients, std::chrono::seconds(o.idle));
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", kName, e.what());
   return 1;
