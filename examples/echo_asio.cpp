@@ -47,54 +47,68 @@ struct Stats {
   Clock::duration longest_stall{};
 };
 
-/// One client: echoes each message from the slot it arrived in, and gives the slot a receive
-/// again once the echo has left. `cq` is the connection's send and receive CQ.
+/// Echoes each message from the slot it arrived in, and gives the slot a receive again once the
+/// echo has left (`cq` is the connection's send and receive CQ). Returns when a request failed
+/// (flushed: the connection has ended); `last` is when the client was last heard.
+asio::awaitable<void> echo(verbs::cm::Connection& conn, verbs::MemoryRegion& slots, std::uint64_t& echoed,
+                           Clock::time_point& last, std::string& why) {
+  verbs::asio::CqWaiter completions(co_await asio::this_coro::executor, conn.recv_cq());
+  std::array<verbs::Completion, 16> wcs;
+  while (why.empty()) {
+    const std::size_t n = co_await completions.async_wait(wcs, asio::use_awaitable);
+    last = Clock::now();
+    for (const verbs::Completion& wc : std::span(wcs).first(n)) {
+      if (!wc.ok()) {
+        if (why.empty()) why = "a request failed: " + wc.error_code().message();
+      } else if (wc.wr_id() & kSend) {
+        conn.qp().post_recv(slots.slice((wc.wr_id() & ~kSend) * kMax, kMax), wc.wr_id() & ~kSend).check();
+      } else {
+        conn.qp().post_send(slots.slice(wc.wr_id() * kMax, wc.byte_len()), {.wr_id = kSend | wc.wr_id()}).check();
+        ++echoed;
+      }
+    }
+  }
+}
+
+/// Returns once nothing was heard from the client for `idle` since `last`. Its timer is set
+/// again only when it fires, not for every message.
+asio::awaitable<void> silence(const Clock::time_point& last, std::chrono::seconds idle) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (;;) {
+    t.expires_at(last + idle);
+    co_await t.async_wait(asio::use_awaitable);
+    if (Clock::now() >= last + idle) co_return;
+  }
+}
+
+/// One client. One race for the whole session, not one per message: the echoes, the client's
+/// goodbye (or its death, which its kernel reports), and its silence; the first to end cancels
+/// the others.
 asio::awaitable<void> session(verbs::cm::Connection conn, verbs::MemoryRegion slots, Stats& stats,
                               std::chrono::seconds idle) {
   const auto ex = co_await asio::this_coro::executor;
-  verbs::CompletionQueue& cq = conn.recv_cq();
-  verbs::asio::CqWaiter completions(ex, cq);
   verbs::asio::ConnectionWaiter end(ex, conn);
-  asio::steady_timer quiet(ex);
-  std::array<verbs::Completion, 16> wcs;
   std::uint64_t echoed = 0;
   std::string why;
+  Clock::time_point last = Clock::now();
   const std::string peer = conn.peer_address();
   try {
-    while (why.empty()) {
+    const auto got = co_await (echo(conn, slots, echoed, last, why) || end.async_wait_closed(asio::use_awaitable) ||
+                               silence(last, idle));
+    if (got.index() == 1) {
+      why = "gone";
+      ++stats.gone;
+    } else if (got.index() == 2) {
+      why = "silent for " + std::to_string(idle.count()) + " s: dropped";
+      ++stats.silent;
+    } else {  // a request failed: the connection has ended; say how, once the events tell
+      // (Not forever: a client whose host died sends no goodbye.)
+      asio::steady_timer quiet(ex);
       quiet.expires_after(idle);
-      auto got = co_await (completions.async_wait(wcs, asio::use_awaitable) || end.async_wait_closed(asio::use_awaitable) ||
-                           quiet.async_wait(asio::use_awaitable));
-      if (got.index() == 1) {
+      const auto how = co_await (end.async_wait_closed(asio::use_awaitable) || quiet.async_wait(asio::use_awaitable));
+      if (how.index() == 0) {
         why = "gone";
         ++stats.gone;
-        break;
-      }
-      if (got.index() == 2) {
-        why = "silent for " + std::to_string(idle.count()) + " s: dropped";
-        ++stats.silent;
-        break;
-      }
-      for (const verbs::Completion& wc : std::span(wcs).first(std::get<0>(got))) {
-        if (!wc.ok()) {  // flushed: the connection has ended, which `end` reports next
-          if (why.empty()) why = "a request failed: " + wc.error_code().message();
-          continue;
-        }
-        if (wc.wr_id() & kSend) {
-          conn.qp().post_recv(slots.slice((wc.wr_id() & ~kSend) * kMax, kMax), wc.wr_id() & ~kSend).check();
-        } else {
-          conn.qp().post_send(slots.slice(wc.wr_id() * kMax, wc.byte_len()), {.wr_id = kSend | wc.wr_id()}).check();
-          ++echoed;
-        }
-      }
-      if (why.rfind("a request failed", 0) == 0) {  // ended: say how, once the events tell
-        // (Not forever: a client whose host died sends no goodbye.)
-        quiet.expires_after(idle);
-        const auto how = co_await (end.async_wait_closed(asio::use_awaitable) || quiet.async_wait(asio::use_awaitable));
-        if (how.index() == 0) {
-          why = "gone";
-          ++stats.gone;
-        }
       }
     }
   } catch (const std::exception& e) {
