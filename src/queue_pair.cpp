@@ -339,6 +339,52 @@ QpState QueuePair::query_state(SourceLocation where) const {
   return static_cast<QpState>(a.qp_state);
 }
 
+QpAttributes QueuePair::query(SourceLocation where) const {
+  check_not_empty_("query", where);
+  ibv_qp_attr a{};
+  ibv_qp_init_attr init{};
+  constexpr int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY | IBV_QP_AV | IBV_QP_PATH_MTU |
+                       IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_RQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC |
+                       IBV_QP_MIN_RNR_TIMER | IBV_QP_SQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_DEST_QPN |
+                       IBV_QP_ACCESS_FLAGS | IBV_QP_CAP;
+  detail::check_rc(ibv_query_qp(qp_.get(), &a, mask, &init), "ibv_query_qp", where);
+  QpAttributes q;
+  q.state = static_cast<QpState>(a.qp_state);
+  q.sq_draining = a.sq_draining != 0;
+  q.path_mtu = static_cast<Mtu>(a.path_mtu);
+  q.dest_qp_num = a.dest_qp_num;
+  q.rq_psn = a.rq_psn;
+  q.sq_psn = a.sq_psn;
+  q.qkey = a.qkey;
+  q.access = AccessFlags(static_cast<unsigned>(a.qp_access_flags));
+  q.pkey_index = a.pkey_index;
+  q.port = a.port_num;
+  q.initiator_depth = a.max_rd_atomic;
+  q.responder_resources = a.max_dest_rd_atomic;
+  q.min_rnr_timer = a.min_rnr_timer;
+  q.ack_timeout = a.timeout;
+  q.retry_count = a.retry_cnt;
+  q.rnr_retry_count = a.rnr_retry;
+  q.address.global = a.ah_attr.is_global != 0;
+  if (q.address.global) {  // the GRH fields mean nothing without one
+    q.address.dgid = Gid::from_native(a.ah_attr.grh.dgid);
+    q.address.sgid_index = a.ah_attr.grh.sgid_index;
+    q.address.flow_label = a.ah_attr.grh.flow_label;
+    q.address.hop_limit = a.ah_attr.grh.hop_limit;
+    q.address.traffic_class = a.ah_attr.grh.traffic_class;
+  }
+  q.address.dlid = a.ah_attr.dlid;
+  q.address.service_level = a.ah_attr.sl;
+  q.address.port = a.ah_attr.port_num;
+  const ibv_qp_cap& cap = a.cap;  // what the QP was created with (init.cap holds the same)
+  q.max_send_wr = cap.max_send_wr;
+  q.max_recv_wr = cap.max_recv_wr;
+  q.max_send_sge = cap.max_send_sge;
+  q.max_recv_sge = cap.max_recv_sge;
+  q.max_inline_data = cap.max_inline_data;
+  return q;
+}
+
 QpState QueuePair::refresh_state(SourceLocation where) {
   const QpState s = query_state(where);
   set_state_(static_cast<std::uint8_t>(s));

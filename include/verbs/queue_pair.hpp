@@ -114,7 +114,10 @@ struct TransportOptions {
   std::uint8_t rnr_retry_count = 6;   ///< receiver-not-ready retries, 0..7 (7 is infinite)
   std::optional<std::uint8_t> service_level = std::nullopt;  ///< SL; default 0 (cm: the route's)
   std::optional<std::uint8_t> traffic_class = std::nullopt;  ///< GRH traffic class (DSCP and ECN on RoCE v2); default 0 (cm: the route's)
-  std::optional<std::uint8_t> hop_limit = std::nullopt;      ///< GRH hop limit (IP TTL on RoCE v2); default 64 (cm: the route's)
+  /// GRH hop limit (IP TTL on RoCE v2); default 64 (cm: the route's). On RoCE, Linux replaces it
+  /// with the route's hop limit when RTR is set (ib_resolve_eth_dmac), whatever was asked:
+  /// QueuePair::query() shows what the QP uses.
+  std::optional<std::uint8_t> hop_limit = std::nullopt;
 };
 
 /// The local ACK timeout period Tr that an ack_timeout code stands for: 4.096 us x 2^code, so
@@ -197,6 +200,61 @@ struct FailureBound {
   return failure_bound(options, options.min_rnr_timer, where);
 }
 ///@}
+
+/// Where a connected QP sends (ibv_ah_attr as ibv_query_qp(3) reports it): the peer's address
+/// and how packets to it are marked.
+struct AddressVector {
+  Gid dgid{};                      ///< the peer's GID (RoCE, or InfiniBand with a GRH)
+  std::uint16_t dlid = 0;          ///< the peer's LID (InfiniBand; 0 on RoCE)
+  std::uint32_t sgid_index = 0;    ///< the local GID index packets leave from
+  std::uint32_t flow_label = 0;    ///< GRH flow label (20 bits)
+  std::uint8_t hop_limit = 0;      ///< GRH hop limit (IP TTL on RoCE v2)
+  std::uint8_t traffic_class = 0;  ///< GRH traffic class (DSCP and ECN on RoCE v2)
+  std::uint8_t service_level = 0;  ///< service level
+  std::uint8_t port = 0;           ///< local port
+  bool global = false;             ///< a GRH is sent (is_global): always on RoCE
+  /// Equal when every field is.
+  friend bool operator==(const AddressVector&, const AddressVector&) = default;
+};
+
+/// What ibv_query_qp(3) reports of a QP (QueuePair::query()), typed and named as
+/// TransportOptions and QpOptions name them: what the device uses, which can differ from what
+/// was asked (measured on rxe 6.1: responder_resources rounded up to a power of two, 3 reads
+/// 4; on RoCE the hop limit is the route's; the queues' real size, 127 for 64 asked).
+/// Attributes of a state the QP has not reached read as the device leaves them (zero before
+/// RTR). Alternate paths (APM) are not reported.
+struct QpAttributes {
+  QpState state = QpState::reset;  ///< the device's view of the state
+  bool sq_draining = false;        ///< SQD: the send queue is still draining
+  Mtu path_mtu = Mtu::mtu256;      ///< RTR: the MTU of the path to the peer
+  std::uint32_t dest_qp_num = 0;   ///< RTR: the peer's QP number (RC, UC)
+  std::uint32_t rq_psn = 0;        ///< RTR: the PSN expected next from the peer (24 bits)
+  std::uint32_t sq_psn = 0;        ///< RTS: the PSN of the next request sent (24 bits)
+  std::uint32_t qkey = 0;          ///< UD: the Q_Key
+  AccessFlags access = {};         ///< what the peer may do on this QP (RC, UC)
+  std::uint16_t pkey_index = 0;    ///< partition key index
+  std::uint8_t port = 0;           ///< local port (as set at INIT)
+  std::uint8_t initiator_depth = 0;      ///< RTS: reads/atomics this side may have in flight (max_rd_atomic)
+  std::uint8_t responder_resources = 0;  ///< RTR: the peer's reads/atomics in flight to this side (max_dest_rd_atomic)
+  std::uint8_t min_rnr_timer = 0;        ///< RTR: the RNR NAK timer this side asks of a sender
+  std::uint8_t ack_timeout = 0;          ///< RTS: local ACK timeout code (ack_timeout_duration())
+  std::uint8_t retry_count = 0;          ///< RTS: transport retries
+  std::uint8_t rnr_retry_count = 0;      ///< RTS: RNR retries
+  AddressVector address{};               ///< RTR: where packets go (RC, UC)
+  std::uint32_t max_send_wr = 0;         ///< capacities, as the device reports them now
+  std::uint32_t max_recv_wr = 0;         ///< (with an SRQ: 0)
+  std::uint32_t max_send_sge = 0;        ///< scatter/gather entries per send request
+  std::uint32_t max_recv_sge = 0;        ///< scatter/gather entries per receive
+  std::uint32_t max_inline_data = 0;     ///< inline bytes per send
+  /// The transport attributes as TransportOptions, every optional set: to compare with what
+  /// was asked, or to connect another QP alike.
+  [[nodiscard]] TransportOptions transport() const noexcept {
+    return {.path_mtu = path_mtu, .initiator_depth = initiator_depth, .responder_resources = responder_resources,
+            .min_rnr_timer = min_rnr_timer, .ack_timeout = ack_timeout, .retry_count = retry_count,
+            .rnr_retry_count = rnr_retry_count, .service_level = address.service_level,
+            .traffic_class = address.traffic_class, .hop_limit = address.hop_limit};
+  }
+};
 
 class QueuePair;
 namespace detail {
@@ -306,6 +364,11 @@ class QueuePair {
   /// device moves a QP to ERR on a failed request). Changes nothing in this object, so it may be
   /// called while another thread posts.
   [[nodiscard]] QpState query_state(SourceLocation where = SourceLocation::current()) const;
+  /// ibv_query_qp(3), every attribute: state, path MTU, PSNs, timeouts and retry counts, the
+  /// read/atomic depths, access, the address vector and the capacities. Changes nothing in
+  /// this object, so it may be called while another thread posts. Throws Error with the errno,
+  /// Error(Errc::empty_object) for a moved-from QP.
+  [[nodiscard]] QpAttributes query(SourceLocation where = SourceLocation::current()) const;
   /// As query_state(), and makes the device's view this object's state(): for a QP whose
   /// state something else changed (rdma_cm, or ibv_modify_qp on native_handle()). Like the
   /// transitions, not while another thread posts on this QP.

@@ -1041,21 +1041,17 @@ TEST_F(Cm, EachSidesQpTakesItsOwnTransportOptions) {
   cm::Connection client = cm::connect(test_addr(), listener.port(), {.connection = {.transport = client_t}});
   cm::Connection conn = server.get();
   for (const auto& [qp, t] : {std::pair<QueuePair*, TransportOptions>{&conn.qp(), server_t}, {&client.qp(), client_t}}) {
-    ibv_qp_attr a{};
-    ibv_qp_init_attr init{};
-    ASSERT_EQ(ibv_query_qp(qp->native_handle(), &a,
-                           IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_AV, &init),
-              0);
+    const verbs::QpAttributes a = qp->query();
     EXPECT_EQ(a.min_rnr_timer, t.min_rnr_timer);
-    EXPECT_EQ(a.timeout, t.ack_timeout);
-    EXPECT_EQ(a.retry_cnt, t.retry_count);
-    EXPECT_EQ(a.rnr_retry, t.rnr_retry_count);
-    EXPECT_EQ(a.ah_attr.grh.traffic_class, *t.traffic_class);
+    EXPECT_EQ(a.ack_timeout, t.ack_timeout);
+    EXPECT_EQ(a.retry_count, t.retry_count);
+    EXPECT_EQ(a.rnr_retry_count, t.rnr_retry_count);
+    EXPECT_EQ(a.address.traffic_class, *t.traffic_class);
     // On RoCE the kernel takes the hop limit from the IP route when the QP reaches RTR, and rxe
     // keeps no SL (both read back as 64 and 0 there): observable on InfiniBand only.
     if (!device->port(qp->port()).is_ethernet()) {
-      EXPECT_EQ(a.ah_attr.sl, *t.service_level);
-      EXPECT_EQ(a.ah_attr.grh.hop_limit, *t.hop_limit);
+      EXPECT_EQ(a.address.service_level, *t.service_level);
+      EXPECT_EQ(a.address.hop_limit, *t.hop_limit);
     }
   }
   EXPECT_TRUE(client.connected());
@@ -1084,10 +1080,8 @@ TEST_F(Cm, AcceptNegotiatesReadAndAtomicDepthsWithTheRequest) {
       cm::connect(test_addr(), listener.port(), {.connection = {.transport = {.initiator_depth = 4, .responder_resources = 2}}});
   cm::Connection conn = server.get();
   const auto depths = [](const QueuePair& qp) {
-    ibv_qp_attr a{};
-    ibv_qp_init_attr init{};
-    EXPECT_EQ(ibv_query_qp(qp.native_handle(), &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init), 0);
-    return std::pair<int, int>{a.max_rd_atomic, a.max_dest_rd_atomic};
+    const verbs::QpAttributes a = qp.query();
+    return std::pair<int, int>{a.initiator_depth, a.responder_resources};
   };
   const auto [server_init, server_resp] = depths(conn.qp());
   const auto [client_init, client_resp] = depths(client.qp());

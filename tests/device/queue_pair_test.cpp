@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <type_traits>
@@ -57,6 +58,14 @@ class QueuePair : public RegionsTest<64 * 1024> {
 
 };
 
+/// net.ipv4.ip_default_ttl: the hop limit of a route that sets none.
+int ipv4_default_ttl() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_default_ttl");
+  int ttl = 0;
+  f >> ttl;
+  return ttl;
+}
+
 /// The bytes of several slices, one after the other.
 std::vector<std::byte> concat(std::span<const LocalSlice> slices) {
   std::vector<std::byte> out;
@@ -87,6 +96,67 @@ TEST_F(QueuePair, ConnectBringsBothSidesToRts) {
   EXPECT_EQ(p.a.state(), QpState::rts);
   EXPECT_EQ(p.a.query_state(), QpState::rts);
   EXPECT_EQ(p.b.query_state(), QpState::rts);
+}
+
+TEST_F(QueuePair, QueryReportsWhatConnectSetOnEachSide) {
+  const verbs::TransportOptions asked{.path_mtu = verbs::Mtu::mtu1024, .initiator_depth = 2, .responder_resources = 3,
+                               .min_rnr_timer = 12, .ack_timeout = 15, .retry_count = 5, .rnr_retry_count = 4,
+                               .traffic_class = 0x20, .hop_limit = 32};
+  QpPair p(*dev, *pd, rc({.max_send_wr = 64, .max_recv_wr = 32, .access = Access::remote_read | Access::remote_write}),
+           asked);
+  for (const auto& [me, peer] : {std::pair{&p.a, &p.b}, std::pair{&p.b, &p.a}}) {
+    const verbs::QpAttributes q = me->query();
+    EXPECT_EQ(q.state, QpState::rts);
+    EXPECT_FALSE(q.sq_draining);
+    EXPECT_EQ(q.dest_qp_num, peer->qp_num());
+    EXPECT_EQ(q.sq_psn, me->endpoint().psn) << "nothing was sent yet";
+    EXPECT_EQ(q.rq_psn, peer->endpoint().psn);
+    EXPECT_EQ(q.access, Access::remote_read | Access::remote_write);
+    EXPECT_EQ(q.port, 1);
+    const verbs::TransportOptions t = q.transport();
+    EXPECT_EQ(t.path_mtu, verbs::Mtu::mtu1024);
+    EXPECT_EQ(t.initiator_depth, 2);
+    EXPECT_GE(t.responder_resources, 3) << "rxe rounds it up to a power of two: 4";
+    EXPECT_EQ(t.min_rnr_timer, 12);
+    EXPECT_EQ(t.ack_timeout, 15);
+    EXPECT_EQ(t.retry_count, 5);
+    EXPECT_EQ(t.rnr_retry_count, 4);
+    EXPECT_EQ(t.service_level, 0);
+    if (dev->port(1).is_ethernet()) {
+      EXPECT_TRUE(q.address.global);
+      EXPECT_EQ(q.address.dgid, peer->endpoint().gid);
+      EXPECT_EQ(q.address.sgid_index, me->gid_index());
+      // Linux sets a RoCE QP's hop limit from the route to the peer when RTR is set
+      // (ib_resolve_eth_dmac), whatever was asked: the IPv4 default TTL for an IPv4 peer.
+      if (peer->endpoint().gid.is_ipv4_mapped()) {
+        EXPECT_EQ(q.address.hop_limit, ipv4_default_ttl());
+      }
+      EXPECT_EQ(q.address.traffic_class, 0x20);
+    }
+    // rxe reports its queues' real size (64 asked: 127), where creation granted what was asked.
+    EXPECT_GE(q.max_send_wr, me->max_send_wr());
+    EXPECT_GE(q.max_recv_wr, me->max_recv_wr());
+    EXPECT_EQ(q.max_send_sge, me->max_send_sge());
+    EXPECT_EQ(q.max_recv_sge, me->max_recv_sge());
+    EXPECT_EQ(q.max_inline_data, me->max_inline_data());
+  }
+  // The send PSN moves with what is sent: one single-packet write.
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 8), dst->remote().slice(0, 8), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  EXPECT_EQ(p.a.query().sq_psn, (p.a.endpoint().psn + 1) & 0xffffffu);
+  p.a.to_error();
+  EXPECT_EQ(p.a.query().state, QpState::err);
+}
+
+TEST_F(QueuePair, QueryOfAFreshQpSaysResetAndAMovedFromOneRefuses) {
+  verbs::CompletionQueue cq(*dev);
+  verbs::QueuePair qp(*pd, cq, rc());
+  EXPECT_EQ(qp.query().state, QpState::reset);
+  EXPECT_GE(qp.query().max_send_wr, 128u);
+  verbs::QueuePair moved(std::move(qp));
+  const auto e = thrown_error([&] { (void)qp.query(); });  // NOLINT(bugprone-use-after-move): the point
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::empty_object) << e->what();
 }
 
 TEST_F(QueuePair, RdmaWriteLandsByteForByte) {
