@@ -49,9 +49,10 @@ struct Stats {
 
 /// Echoes each message from the slot it arrived in, and gives the slot a receive again once the
 /// echo has left (`cq` is the connection's send and receive CQ). Returns when a request failed
-/// (flushed: the connection has ended); `last` is when the client was last heard.
+/// (flushed: the connection has ended) or anything threw, saying why in `why`; `last` is when
+/// the client was last heard.
 asio::awaitable<void> echo(verbs::cm::Connection& conn, verbs::MemoryRegion& slots, std::uint64_t& echoed,
-                           Clock::time_point& last, std::string& why) {
+                           Clock::time_point& last, std::string& why) try {
   verbs::asio::CqWaiter completions(co_await asio::this_coro::executor, conn.recv_cq());
   std::array<verbs::Completion, 16> wcs;
   while (why.empty()) {
@@ -68,6 +69,10 @@ asio::awaitable<void> echo(verbs::cm::Connection& conn, verbs::MemoryRegion& slo
       }
     }
   }
+} catch (const std::exception& e) {
+  // Returning, not throwing: `||` ends at the first branch to succeed, and would leave a
+  // failure here unseen while it waited for the others.
+  why = e.what();
 }
 
 /// Returns once nothing was heard from the client for `idle` since `last`. Its timer is set
@@ -82,8 +87,9 @@ asio::awaitable<void> silence(const Clock::time_point& last, std::chrono::second
 }
 
 /// One client. One race for the whole session, not one per message: the echoes, the client's
-/// goodbye (or its death, which its kernel reports), and its silence; the first to end cancels
-/// the others.
+/// goodbye (or its death, which its kernel reports), and its silence; the first to complete
+/// without an exception cancels the others (asio's `||` ignores a branch that throws, so echo()
+/// catches its own).
 asio::awaitable<void> session(verbs::cm::Connection conn, verbs::MemoryRegion slots, Stats& stats,
                               std::chrono::seconds idle) {
   const auto ex = co_await asio::this_coro::executor;

@@ -29,6 +29,7 @@ struct EchoOptions {
   std::uint64_t count = 1000; ///< -n: messages per connection
   std::uint64_t size = 64;    ///< -s: bytes per message
   std::uint64_t quiet = 0;    ///< -w: seconds a client waits, silent, before sending
+  std::uint64_t together = 0; ///< -b 1: the client's connections send once all are connected
 };
 
 inline constexpr std::size_t kEchoMax = 4096;  // the largest message
@@ -40,15 +41,17 @@ inline EchoOptions parse_echo_args(int argc, char** argv, const char* name, cons
                        {'i', "SECONDS", "server: drop a client silent this long", &o.idle, 1},
                        {'n', "MESSAGES", "client: messages per connection", &o.count, 0},
                        {'s', "SIZE", "client: bytes per message, at most 4096", &o.size, 1},
-                       {'w', "SECONDS", "client: wait this long, silent, before sending", &o.quiet, 0}});
+                       {'w', "SECONDS", "client: wait this long, silent, before sending", &o.quiet, 0},
+                       {'b', "0|1", "client: 1 = each connection sends once all are connected (to measure)", &o.together, 0}});
+  if (o.together > 1) throw std::invalid_argument("-b: 0 or 1");
   if (o.size > kEchoMax) throw std::invalid_argument("-s: at most 4096");
   return o;
 }
 
-/// One connection: connect, wait `quiet`, meet the others at `start` (all connected), then send
-/// and check. Returns when its messages were sent and checked: the time it started sending is
-/// in `began`.
-inline void run_echo_client(const EchoOptions& o, std::barrier<>& start, bool& arrived,
+/// One connection: connect, wait `quiet`, meet the others at `start` if there is one (all
+/// connected), then send and check. Returns when its messages were sent and checked: the time
+/// it started sending is in `began`.
+inline void run_echo_client(const EchoOptions& o, std::barrier<>* start, bool& arrived,
                             std::chrono::steady_clock::time_point& began) {
   const Args& args = o.args;
   const std::size_t size = o.size;
@@ -58,7 +61,7 @@ inline void run_echo_client(const EchoOptions& o, std::barrier<>& start, bool& a
   const std::span<std::byte> out = buf.bytes().first(size), in = buf.bytes().subspan(size, size);
   std::this_thread::sleep_for(std::chrono::seconds(o.quiet));
   arrived = true;
-  start.arrive_and_wait();
+  if (start != nullptr) start->arrive_and_wait();
   began = std::chrono::steady_clock::now();
   const auto wait = [&](verbs::CompletionQueue& cq) {
     const std::optional<verbs::Completion> wc = conn.wait_one(cq, args.timeout);
@@ -78,10 +81,12 @@ inline void run_echo_client(const EchoOptions& o, std::barrier<>& start, bool& a
   }
 }
 
-/// The client: -c connections (at least 1), a thread each; they send once all are connected.
-/// Prints one line when every echo was checked, and one with the rate once all were connected:
+/// The client: -c connections (at least 1), a thread each; with -b 1 they send once all are
+/// connected. Prints one line when every echo was checked, and one with the rate, from the
+/// first connection's first send to the last one's last echo:
 ///   echo_epoll: 16 connections, 1000 messages of 64 bytes each, echoed and checked
 ///   echo_epoll: 16000 messages in 2.514 s once all were connected: 6364 messages/s
+/// ("once all were connected" with -b 1, "since the first was connected" without).
 inline int run_echo_clients(const char* name, const EchoOptions& o) {
   using Clock = std::chrono::steady_clock;
   const std::uint64_t connections = o.clients == 0 ? 1 : o.clients;
@@ -93,12 +98,12 @@ inline int run_echo_clients(const char* name, const EchoOptions& o) {
     threads.emplace_back([&, c] {
       bool arrived = false;
       try {
-        run_echo_client(o, start, arrived, began[c]);
+        run_echo_client(o, o.together != 0 ? &start : nullptr, arrived, began[c]);
         ended[c] = Clock::now();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s\n", name, e.what());
         ++failed;
-        if (!arrived) start.arrive_and_drop();  // the others need not wait for this one
+        if (o.together != 0 && !arrived) start.arrive_and_drop();  // the others need not wait for this one
       }
     });
   for (std::thread& t : threads) t.join();
@@ -115,8 +120,8 @@ inline int run_echo_clients(const char* name, const EchoOptions& o) {
         std::chrono::duration<double>(*std::max_element(ended.begin(), ended.end()) -
                                       *std::min_element(began.begin(), began.end())).count();
     const double total = static_cast<double>(connections * o.count);
-    std::printf("%s: %.0f messages in %.3f s once all were connected: %.0f messages/s\n", name, total, secs,
-                total / secs);
+    std::printf("%s: %.0f messages in %.3f s %s: %.0f messages/s\n", name, total, secs,
+                o.together != 0 ? "once all were connected" : "since the first was connected", total / secs);
   }
   return 0;
 }

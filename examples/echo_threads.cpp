@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -37,9 +38,15 @@ struct Totals {
   std::atomic<std::uint64_t> messages{0}, silent{0}, gone{0};
 };
 
+/// A connection's thread, and whether it has finished (then the accepting thread joins it).
+struct Worker {
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
 /// One connection's thread: echo until the client goes, fails or stays silent for `idle`.
 void serve_one(verbs::cm::Connection conn, std::shared_ptr<verbs::MemoryRegion> slots, std::chrono::seconds idle,
-               Totals& totals) {
+               Totals& totals, std::atomic<bool>& done) {
   const std::string peer = conn.peer_address();
   std::uint64_t echoed = 0;
   std::string over;
@@ -61,12 +68,13 @@ void serve_one(verbs::cm::Connection conn, std::shared_ptr<verbs::MemoryRegion> 
       ++echoed;
     }
   } catch (const std::exception& e) {
-    over = conn.connected() ? e.what() : "gone";
+    over = conn.connected() ? std::string("a request failed: ") + e.what() : "gone";
     if (!conn.connected()) ++totals.gone;
   }
   std::printf("%s: %s: %llu echoes; %s\n", kName, peer.c_str(), static_cast<unsigned long long>(echoed), over.c_str());
   std::fflush(stdout);
   totals.messages += echoed;
+  done = true;
 }
 
 void serve(const example::Args& args, std::uint64_t expected, std::chrono::seconds idle) {
@@ -75,13 +83,19 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
   const verbs::ProtectionDomain pd{listener.device()};
   example::print_listening(kName, local, listener.port());
   Totals totals;
-  std::vector<std::thread> threads;
+  std::list<Worker> workers;
   std::uint64_t accepted = 0;
   while (expected == 0 || accepted < expected) {
-    auto slots = std::make_shared<verbs::MemoryRegion>(
-        verbs::MemoryRegion::allocate(pd, kSlots * kMax, verbs::Access::local_write));
+    workers.remove_if([](Worker& w) {  // those that have finished (a server that runs for ever)
+      if (!w.done) return false;
+      w.thread.join();
+      return true;
+    });
+    std::shared_ptr<verbs::MemoryRegion> slots;
     std::optional<verbs::cm::Connection> conn;
     try {
+      slots = std::make_shared<verbs::MemoryRegion>(
+          verbs::MemoryRegion::allocate(pd, kSlots * kMax, verbs::Access::local_write));
       conn.emplace(listener.accept(std::chrono::seconds(60),
                                    {.pd = &pd, .before_handshake = [&](const verbs::cm::Handshake& h) {
                                       for (std::size_t k = 0; k < kSlots; ++k)
@@ -90,11 +104,15 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
     } catch (const verbs::cm::ConnectError& e) {
       if (e.code() != std::errc::timed_out) std::printf("%s: a request failed: %s\n", kName, e.what());
       continue;  // no request for a minute: wait on
+    } catch (const std::exception& e) {
+      std::printf("%s: a request failed: %s\n", kName, e.what());
+      continue;
     }
     ++accepted;
-    threads.emplace_back(serve_one, std::move(*conn), std::move(slots), idle, std::ref(totals));
+    Worker& w = workers.emplace_back();
+    w.thread = std::thread(serve_one, std::move(*conn), std::move(slots), idle, std::ref(totals), std::ref(w.done));
   }
-  for (std::thread& t : threads) t.join();
+  for (Worker& w : workers) w.thread.join();
   std::printf("%s: served %llu clients, %llu messages (%llu silent and dropped, %llu gone)\n", kName,
               static_cast<unsigned long long>(accepted), static_cast<unsigned long long>(totals.messages.load()),
               static_cast<unsigned long long>(totals.silent.load()), static_cast<unsigned long long>(totals.gone.load()));

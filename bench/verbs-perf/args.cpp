@@ -61,7 +61,8 @@ Local options:
   -R, --rdma-cm          connect with rdma_cm instead of the TCP exchange
   -e, --events           latency tests: sleep until a completion comes (each CQ with a
                          completion channel of its own, CompletionQueue::wait) instead of
-                         busy-polling, as perftest's -e; each side chooses for itself
+                         busy-polling, as perftest's -e; each side chooses for itself.
+                         write_lat still watches memory for the peer's message, as perftest's
       --bind ADDR        -R: the local address (default: server, the first with an RDMA
                          device; client, the one routed to HOST)
       --json FILE        write the results as JSON (client)
@@ -326,6 +327,7 @@ std::string describe_params(const Config& c) {
   if (c.out_reads) s += " -o " + std::to_string(c.out_reads);
   if (c.verify) s += " --verify";
   if (c.no_peak) s += " -N";
+  if (c.events) s += " -e";  // this side's own choice
   return s;
 }
 

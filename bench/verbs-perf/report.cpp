@@ -97,9 +97,10 @@ void write_json(const Session& s, const std::vector<RunOutcome>& results, const 
                json_string(s.device->name()).c_str());
   std::fprintf(f,
                "  \"params\": {\"qps\": %u, \"tx_depth\": %u, \"rx_depth\": %u, \"cq_mod\": %u, \"post_list\": %u, "
-               "\"inline_size\": %u, \"duration\": %u, \"rdma_cm\": %s, \"verify\": %s, \"command\": %s},\n",
+               "\"inline_size\": %u, \"duration\": %u, \"rdma_cm\": %s, \"verify\": %s, \"events\": %s, \"command\": %s},\n",
                c.qps, p.tx_depth, p.rx_depth, p.cq_mod, p.post_list, std::min(p.inline_size, s.inline_cap), c.duration,
-               c.rdma_cm ? "true" : "false", c.verify ? "true" : "false", json_string(describe_params(c)).c_str());
+               c.rdma_cm ? "true" : "false", c.verify ? "true" : "false", c.events ? "true" : "false",
+               json_string(describe_params(c)).c_str());
   std::fprintf(f, "  \"timer\": {\"source\": %s, \"ticks_per_usec\": %.3f},\n", json_string(Ticks::name()).c_str(),
                Ticks::per_us());
   std::fprintf(f, "  \"results\": [");

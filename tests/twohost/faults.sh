@@ -18,7 +18,7 @@
 #                         flaps a 48 KiB read completed successfully with wrong data, while host b's
 #                         kernel logged a WARNING in rxe_completer (rxe_comp.c:756); see
 #                         tests/twohost/tests.cmake
-#   link_cut_fails        all of host a's packets lost for 12 s (the wire cut), ACK timeout 17
+#   link_cut_fails        all of host a's packets lost for 17 s (the wire cut), ACK timeout 17
 #                         (see emu below): the client fails within its retry bound, the server
 #                         drops the connections, and once the wire is back a new one works
 #   host_killed           host a powered off while the client awaits an echo: the client (its probe)
@@ -208,17 +208,19 @@ case $case_name in
     ;;
   link_cut_fails)
     # The server drops the connections it hears nothing from (their goodbye is lost with the
-    # link) at its idle limit, 14 s: after the link is back. Dropped during the outage, its
+    # link) at its idle limit, 19 s: after the link is back. Dropped during the outage, its
     # goodbye (a DREQ on the CM's QP 1) would be sent on a netdev that is down, which rxe fails
     # (LOC_QP_OP_ERR, as for any QP): measured, rdma_cm on host a then answered no new
     # connection request.
-    serve_on_a --idle 14
+    serve_on_a --idle 19
     # The wire cut (all of host a's packets lost) rather than its link down: on rxe a QP that
     # sends while its netdev is down fails at once (LOC_QP_OP_ERR), and when that happened to
     # the server's QPs and then to its CM's goodbye, rdma_cm on host a answered no new request.
-    ("$pair" run sh -c 'sleep 3; date +%s%3N >/run/down-at; tc qdisc add dev eth0 root netem loss 100%; sleep 12; tc qdisc del dev eth0 root; echo "down at $(cat /run/down-at)"' >"$work/down" 2>&1) &
+    ("$pair" run sh -c 'sleep 3; date +%s%3N >/run/down-at; tc qdisc add dev eth0 root netem loss 100%; sleep 17; tc qdisc del dev eth0 root; echo "down at $(cat /run/down-at)"' >"$work/down" 2>&1) &
     lpid=$!
-    client client -c 2 -t 30 "${emu[@]}" && fail "the client did not fail with the link down for 12 s"
+    # 17 s: longer than the bound (15.03 s for ACK timeout 17, plus the probe's 0.2 s and 1 s of
+    # slack), so a connection that outlasted the cut would fail the test.
+    client client -c 2 -t 30 "${emu[@]}" && fail "the client did not fail with the link down for 17 s"
     wait "$lpid"
     # The clocks of the two guests differ: the bound is checked on this host's clock, from the
     # moment host a said it took the link down (its clock) corrected by the offset measured now.
@@ -242,7 +244,7 @@ case $case_name in
         fail "the server did not drop the connection from port $p"
     done
     [[ $(wc -w <<<"$ports") == 2 ]] || fail "the server did not log the outage's two connections"
-    checked again -n 20
+    checked again -n 20 "${emu[@]}"
     stop_server
     ;;
   host_killed)
@@ -264,7 +266,7 @@ case $case_name in
     spid=
     "$pair" boot && echo "host a booted again"
     serve_on_a
-    checked again -n 20
+    checked again -n 20 "${emu[@]}"
     stop_server
     ;;
   server_survives)
