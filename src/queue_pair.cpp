@@ -18,10 +18,11 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
   switch (t) {
     case QpType::rc:
       return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) |
-             bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) |
-             (atomics ? bit(IBV_WR_ATOMIC_CMP_AND_SWP) | bit(IBV_WR_ATOMIC_FETCH_AND_ADD) : 0u);
+             bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) | bit(IBV_WR_SEND_WITH_INV) | bit(IBV_WR_LOCAL_INV) |
+             bit(IBV_WR_BIND_MW) | (atomics ? bit(IBV_WR_ATOMIC_CMP_AND_SWP) | bit(IBV_WR_ATOMIC_FETCH_AND_ADD) : 0u);
     case QpType::uc:
-      return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) | bit(IBV_WR_SEND_WITH_IMM);
+      return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) | bit(IBV_WR_SEND_WITH_IMM) |
+             bit(IBV_WR_LOCAL_INV) | bit(IBV_WR_BIND_MW);
     case QpType::ud:
       return bit(IBV_WR_SEND + 16) | bit(IBV_WR_SEND_WITH_IMM + 16);
   }

@@ -64,6 +64,10 @@ class Completion {
   [[nodiscard]] std::uint32_t vendor_err() const noexcept { return wc_.vendor_err; }
   /// IBV_WC_* flags (GRH, WITH_IMM, ...).
   [[nodiscard]] unsigned wc_flags() const noexcept { return wc_.wc_flags; }
+  /// The rkey a SendWr::send_inv invalidated here, on its receive completion (the field the
+  /// immediate shares). Read it when the protocol says the peer sends with invalidate: rxe 6.1
+  /// sets IBV_WC_IP_CSUM_OK where IBV_WC_WITH_INV belongs, so the flag cannot tell.
+  [[nodiscard]] std::uint32_t invalidated_rkey() const noexcept { return wc_.invalidated_rkey; }
   /// True when a UD receive starts with the 40-byte GRH.
   [[nodiscard]] bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
   /// The completion's status as an error_code (category "ibv_wc_status"); empty on success.

@@ -245,6 +245,9 @@ class MemoryRegion {
 
   /// The C handle; null for a moved-from region.
   [[nodiscard]] ibv_mr* native_handle() const noexcept { return *this ? mr_.get() : nullptr; }
+  /// The C handle with shared ownership (null for a moved-from region): holding it keeps the
+  /// registration (and its PD) alive, as a memory window bound to the region does.
+  [[nodiscard]] std::shared_ptr<ibv_mr> shared_handle() const noexcept { return *this ? mr_ : nullptr; }
 
  private:
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);

@@ -12,6 +12,7 @@
 #include "verbs/error.hpp"               // IWYU pragma: export
 #include "verbs/flags.hpp"               // IWYU pragma: export
 #include "verbs/memory_region.hpp"       // IWYU pragma: export
+#include "verbs/memory_window.hpp"       // IWYU pragma: export
 #include "verbs/protection_domain.hpp"   // IWYU pragma: export
 #include "verbs/queue_pair.hpp"          // IWYU pragma: export
 #include "verbs/shared_receive_queue.hpp"  // IWYU pragma: export

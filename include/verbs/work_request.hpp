@@ -162,6 +162,23 @@ class SendWr {
     return w;
   }
 
+  /// A send that also invalidates the peer's memory window `rkey` (RC; IBV_WR_SEND_WITH_INV):
+  /// the peer's receive completion carries it (Completion::invalidated_rkey()).
+  static SendWr send_inv(LocalSlice src, std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+    SendWr w(IBV_WR_SEND_WITH_INV, src, o);
+    w.wr_.invalidate_rkey = rkey;
+    return w;
+  }
+  /// Invalidates this side's memory window `rkey` (IBV_WR_LOCAL_INV; RC, UC): once it completes,
+  /// the peer's requests with that rkey fail with REM_ACCESS_ERR. MemoryWindow::invalidate()
+  /// posts it for a window.
+  static SendWr local_inv(std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+    SendWr w(IBV_WR_LOCAL_INV, std::span<const LocalSlice>{}, o);
+    w.wr_.invalidate_rkey = rkey;
+    w.no_inline_(o);
+    return w;
+  }
+
   /// Addresses a send on a UD QP: the peer's address handle, QP number and Q_Key. The handle
   /// must outlive the request's completion.
   SendWr& to(const AddressHandle& ah, std::uint32_t remote_qpn, std::uint32_t remote_qkey) noexcept {
@@ -184,6 +201,7 @@ class SendWr {
 
  private:
   friend class QueuePair;
+  friend class MemoryWindow;  // builds IBV_WR_BIND_MW requests
   // key_ is the opcode, plus ud_bit when addressed for UD, plus one_sge_bit when the request
   // carries its one SGE inside. A QP allows a key (QueuePair::allowed_) when its type and state
   // take such a request and, for one_sge_bit, it has at least one send SGE: posting tests one
