@@ -39,9 +39,10 @@ class VerbsCategory final : public std::error_category {
       case Errc::ud_recv_too_small: return "UD receive smaller than the 40-byte GRH that precedes every message";
       case Errc::ud_needs_address: return "UD send without an address: use SendWr::send(...).to(ah, qpn, qkey)";
       case Errc::mw_bind_not_allowed:
-        return "memory window bind not allowed: the region needs Access::mw_bind (and local_write for a window "
-               "with remote_write or remote_atomic), and a window grants only remote_read, remote_write and "
-               "remote_atomic";
+        return "memory window bind or invalidate not allowed: the region needs Access::mw_bind (and local_write "
+               "for a window with remote_write or remote_atomic), a window grants only remote_read, remote_write "
+               "and remote_atomic, window, region and QP share one PD, and a type 2 window is bound only when "
+               "free, to a range of at least one byte, and invalidated only when bound";
     }
     return "unknown verbs error " + std::to_string(v);
   }

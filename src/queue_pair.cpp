@@ -21,8 +21,9 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
              bit(IBV_WR_SEND_WITH_IMM) | bit(IBV_WR_RDMA_READ) | bit(IBV_WR_SEND_WITH_INV) | bit(IBV_WR_LOCAL_INV) |
              bit(IBV_WR_BIND_MW) | (atomics ? bit(IBV_WR_ATOMIC_CMP_AND_SWP) | bit(IBV_WR_ATOMIC_FETCH_AND_ADD) : 0u);
     case QpType::uc:
+      // Not LOCAL_INV: rxe takes it on RC only (and fails it on UC, moving the QP to ERR).
       return bit(IBV_WR_RDMA_WRITE) | bit(IBV_WR_RDMA_WRITE_WITH_IMM) | bit(IBV_WR_SEND) | bit(IBV_WR_SEND_WITH_IMM) |
-             bit(IBV_WR_LOCAL_INV) | bit(IBV_WR_BIND_MW);
+             bit(IBV_WR_BIND_MW);
     case QpType::ud:
       return bit(IBV_WR_SEND + 16) | bit(IBV_WR_SEND_WITH_IMM + 16);
   }

@@ -26,10 +26,16 @@ enum class MwType : std::uint8_t { type1 = IBV_MW_TYPE_1, type2 = IBV_MW_TYPE_2 
 /// bound type 2 window stalls for about 51 s).
 ///
 /// The device must have memory windows (Device::attributes(): IBV_DEVICE_MEM_WINDOW, and
-/// IBV_DEVICE_MEM_WINDOW_TYPE_2A or _2B for type 2); rxe 6.1 has type 1 and type 2B.
+/// IBV_DEVICE_MEM_WINDOW_TYPE_2A or _2B for type 2); rxe 6.1 has type 1 and type 2B, and takes
+/// LOCAL_INV on RC QPs only (so a type 2 window bound through a UC QP is taken back by
+/// destroying it).
+///
+/// Threads: unlike the posts of a QP, bind() and invalidate() change the window (its rkey,
+/// range and holds): one thread at a time per window, and not beside remote() or rkey().
 class MemoryWindow {
  public:
-  /// ibv_alloc_mw(3). Throws Error (EOPNOTSUPP, EINVAL where the device has no such windows).
+  /// ibv_alloc_mw(3). Throws Error (EOPNOTSUPP, EINVAL where the device has no such windows;
+  /// Errc::empty_object for a moved-from PD).
   explicit MemoryWindow(const ProtectionDomain& pd, MwType type = MwType::type2,
                         SourceLocation where = SourceLocation::current());
 
@@ -52,26 +58,40 @@ class MemoryWindow {
     mw_.swap(o.mw_);
     std::swap(range_, o.range_);
     std::swap(type_, o.type_);
+    std::swap(bound_, o.bound_);
   }
 
   /// Binds the window to `range` of `mr` (a LocalSlice of it, e.g. mr.slice(offset, len)),
   /// granting the peer `access` through it: any of remote_read, remote_write and remote_atomic,
   /// which the region must allow (registered with Access::mw_bind, and with local_write for
-  /// remote_write or remote_atomic). Posts the bind on `qp` (RC or UC, in RTS): type 1 through
-  /// ibv_bind_mw(3), type 2 as an IBV_WR_BIND_MW request under the next rkey. A bind again
-  /// moves the window (type 2: the rkey changes each time, and the old one stops working).
-  /// The bind takes effect in order with the QP's other requests, and its completion (opcode
-  /// bind_mw, when signaled) says it did; hand remote() to the peer after that, or after a
-  /// request posted behind it. Checks before posting as any post does (PostResult:
-  /// mw_bind_not_allowed, local_out_of_bounds for a slice outside `mr`, and the QP's own).
-  /// Keep the window until the bind has completed.
+  /// remote_write or remote_atomic). The window, the region and `qp` must share one PD. Posts
+  /// the bind on `qp` (RC or UC, in RTS): type 1 through ibv_bind_mw(3) (a bind again moves
+  /// it; a zero-length range closes it), type 2 as an IBV_WR_BIND_MW request under the next
+  /// rkey, once the window is free (never bound, or taken back: invalidate(), or the peer's
+  /// send_inv and then invalidated_by_peer()). The bind takes effect in order with the QP's
+  /// other requests, and its completion (opcode bind_mw, when signaled) says it did; hand
+  /// remote() to the peer after that, or after a request posted behind it. Checks before
+  /// posting (PostResult): mw_bind_not_allowed (the rights, the PDs, a type 2 window still
+  /// bound or a zero-length range), local_out_of_bounds for a slice outside `mr`, and the QP's
+  /// own (empty_object, wrong_qp_type on UD, bad_qp_state, inline_not_allowed).
+  /// A bind whose completion fails (flushed, on a QP that went to ERR) leaves the window
+  /// unusable: destroy it. A rebind lets go of the previous QP and region (which may then be
+  /// destroyed here, if nothing else holds them).
   PostResult bind(QueuePair& qp, const MemoryRegion& mr, LocalSlice range, AccessFlags access,
                   const PostOptions& options = {}) noexcept;
-  /// Type 2: takes the window back (IBV_WR_LOCAL_INV on `qp`, the QP it is bound through):
-  /// once it completes, the peer's requests with its rkey fail with REM_ACCESS_ERR. The peer
-  /// can do the same with SendWr::send_inv(..., rkey()). Type 1 windows are taken back by
-  /// binding them to nothing: bind(qp, mr, LocalSlice{...0 bytes}, {}).
+  /// Type 2: takes the window back (IBV_WR_LOCAL_INV on `qp`, which must be the RC QP it is
+  /// bound through): once it completes, the peer's requests with its rkey fail with
+  /// REM_ACCESS_ERR, and the window may be bound again. Refused (mw_bind_not_allowed) for a
+  /// window that is not bound, and Errc::bad_argument for another QP or a type 1 window (bind it
+  /// to a zero-length range instead). On rxe 6.1 a LOCAL_INV of a window that is not bound
+  /// reaches a kernel path that drops a null QP reference: after the peer's send_inv, call
+  /// invalidated_by_peer(), not invalidate().
   PostResult invalidate(QueuePair& qp, const PostOptions& options = {}) noexcept;
+  /// Type 2: records that the peer took the window back (its SendWr::send_inv arrived: the
+  /// receive's Completion::invalidated_rkey() is rkey()), so that it may be bound again.
+  void invalidated_by_peer() noexcept { bound_ = false; }
+  /// Whether a bind was posted and not taken back since (as far as this object knows).
+  [[nodiscard]] bool bound() const noexcept { return bound_; }
 
   /// What the peer uses: the range bound last and the window's rkey (the new one after a type 2
   /// bind, which the library tracks, since providers need not update ibv_mw::rkey for it).
@@ -93,6 +113,7 @@ class MemoryWindow {
   std::shared_ptr<ibv_mw> mw_;  // deleter holds the PD
   RemoteSlice range_{};
   MwType type_ = MwType::type2;
+  bool bound_ = false;
 };
 
 /// Exchanges two MemoryWindows.

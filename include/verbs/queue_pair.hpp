@@ -247,7 +247,9 @@ struct QpAttributes {
   std::uint32_t max_recv_sge = 0;        ///< scatter/gather entries per receive
   std::uint32_t max_inline_data = 0;     ///< inline bytes per send
   /// The transport attributes as TransportOptions, every optional set: to compare with what
-  /// was asked, or to connect another QP alike.
+  /// was asked, or to connect another QP alike. Meaningful for an RC QP in RTR or later (before
+  /// RTR, and on UC or UD, the fields the state or type lacks read 0; an ack_timeout of 0
+  /// would disable the retry timer).
   [[nodiscard]] TransportOptions transport() const noexcept {
     return {.path_mtu = path_mtu, .initiator_depth = initiator_depth, .responder_resources = responder_resources,
             .min_rnr_timer = min_rnr_timer, .ack_timeout = ack_timeout, .retry_count = retry_count,

@@ -169,7 +169,7 @@ class SendWr {
     w.wr_.invalidate_rkey = rkey;
     return w;
   }
-  /// Invalidates this side's memory window `rkey` (IBV_WR_LOCAL_INV; RC, UC): once it completes,
+  /// Invalidates this side's memory window `rkey` (IBV_WR_LOCAL_INV; RC): once it completes,
   /// the peer's requests with that rkey fail with REM_ACCESS_ERR. MemoryWindow::invalidate()
   /// posts it for a window.
   static SendWr local_inv(std::uint32_t rkey, const PostOptions& o = {}) noexcept {
