@@ -63,7 +63,7 @@ enum class Errc : int {
   ud_message_too_large,     ///< a UD send larger than the port's MTU (the receiver would drop it silently)
   ud_recv_too_small,        ///< a UD receive without room for the 40-byte GRH before the payload
   ud_needs_address,         ///< a UD send without an address: SendWr::send(...).to(ah, qpn, qkey)
-  mw_bind_not_allowed,      ///< a memory window bind or invalidate the rules refuse: see MemoryWindow::bind and ::invalidate
+  mw_bind_not_allowed,      ///< a memory window bind or invalidate the rules refuse: see MemoryWindow::bind() and MemoryWindow::invalidate()
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.
