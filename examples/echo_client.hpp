@@ -126,4 +126,17 @@ inline int run_echo_clients(const char* name, const EchoOptions& o) {
   return 0;
 }
 
+/// main() of an echo program whose server is `serve(args, clients, idle)`: the options, then
+/// the client or the server; errors are printed and give exit status 1.
+template <typename Serve>
+int run_echo_program(int argc, char** argv, const char* name, const char* what, Serve&& serve) try {
+  const EchoOptions o = parse_echo_args(argc, argv, name, what);
+  if (!o.args.server()) return run_echo_clients(name, o);
+  serve(o.args, o.clients, std::chrono::seconds(o.idle));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s: %s\n", name, e.what());
+  return 1;
+}
+
 }  // namespace example

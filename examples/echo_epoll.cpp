@@ -219,13 +219,8 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const example::EchoOptions o = example::parse_echo_args(
-      argc, argv, kName, "Echo server for many clients on one thread (epoll), and its clients.");
-  if (!o.args.server()) return example::run_echo_clients(kName, o);
-  serve(o.args, o.clients, std::chrono::seconds(o.idle));
-  return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "%s: %s\n", kName, e.what());
-  return 1;
+int main(int argc, char** argv) {
+  return example::run_echo_program(argc, argv, kName,
+                                   "Echo server for many clients on one thread (epoll), and its clients.",
+                                   serve);
 }

@@ -48,6 +48,21 @@ class Window : public RegionsTest<64 * 1024> {
     const Completion c = expect_completion(cq);
     EXPECT_TRUE(completed(c, WcOpcode::bind_mw, 77)) << describe(c);
   }
+  /// A write by a through `remote` must fail with REM_ACCESS_ERR: the window is closed.
+  void expect_refused(QpPair& p, const verbs::RemoteSlice& remote, std::uint64_t wr_id) const {
+    ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), remote, {.wr_id = wr_id})));
+    const Completion c = expect_completion(p.cq_a);
+    EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
+  }
+  /// a sends to b with invalidate of `w` (bound through b); returns b's receive completion.
+  Completion peer_invalidates(QpPair& p, const MemoryWindow& w) const {
+    EXPECT_TRUE(posted(p.b.post_recv(dst->slice(0, 256), 9)));
+    EXPECT_TRUE(posted(p.a.post(SendWr::send_inv(src->slice(0, 32), w.rkey(), {.wr_id = 6}))));
+    EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 6));
+    const Completion r = expect_completion(p.cq_b);
+    EXPECT_TRUE(completed(r, WcOpcode::recv, 9));
+    return r;
+  }
   std::optional<MemoryRegion> target;
   bool type2 = false;
 };
@@ -86,9 +101,7 @@ TEST_F(Window, ABindAfterAnInvalidateChangesTheRkeyAndTheOldOneStopsWorking) {
   EXPECT_NE(w.rkey(), first.rkey);
   ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), w.remote(), {.wr_id = 3})));
   EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 3));
-  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), first, {.wr_id = 4})));
-  const Completion c = expect_completion(p.cq_a);
-  EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
+  expect_refused(p, first, 4);
 }
 
 // The device fails these in the bind's completion (a bound type 2 window: MW_BIND_ERR, status
@@ -152,9 +165,7 @@ TEST_F(Window, LocalInvalidateTakesTheWindowBack) {
   bind(w, p.b, p.cq_b, 0, 4096);
   ASSERT_TRUE(posted(w.invalidate(p.b, {.wr_id = 78})));
   EXPECT_TRUE(completed(expect_completion(p.cq_b), WcOpcode::local_inv, 78));
-  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), w.remote(), {.wr_id = 5})));
-  const Completion c = expect_completion(p.cq_a);
-  EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
+  expect_refused(p, w.remote(), 5);
   EXPECT_TRUE(all_bytes(target->bytes().first(64), std::byte{0}));
 }
 
@@ -163,15 +174,8 @@ TEST_F(Window, SendWithInvalidateTakesThePeersWindowAndSaysWhich) {
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
-  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 256), 9)));
-  ASSERT_TRUE(posted(p.a.post(SendWr::send_inv(src->slice(0, 32), w.rkey(), {.wr_id = 6}))));
-  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 6));
-  const Completion r = expect_completion(p.cq_b);
-  EXPECT_TRUE(completed(r, WcOpcode::recv, 9));
-  EXPECT_EQ(r.invalidated_rkey(), w.rkey());
-  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), w.remote(), {.wr_id = 7})));
-  const Completion c = expect_completion(p.cq_a);
-  EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
+  EXPECT_EQ(peer_invalidates(p, w).invalidated_rkey(), w.rkey());
+  expect_refused(p, w.remote(), 7);
 }
 
 TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
@@ -179,11 +183,7 @@ TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
-  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 256), 9)));
-  ASSERT_TRUE(posted(p.a.post(SendWr::send_inv(src->slice(0, 32), w.rkey(), {.wr_id = 6}))));
-  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 6));
-  const Completion r = expect_completion(p.cq_b);
-  ASSERT_EQ(r.invalidated_rkey(), w.rkey());
+  ASSERT_EQ(peer_invalidates(p, w).invalidated_rkey(), w.rkey());
   w.invalidated_by_peer();
   EXPECT_FALSE(w.bound());
   bind(w, p.b, p.cq_b, 8192, 4096);
