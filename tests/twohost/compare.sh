@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/compare across the wire, a short run: on host b (under scripts/rxe-pair), the clients
 # and the report against the servers of `bench/compare --serve` on host a, both with the same
-# options. Passes when the run completes and ends with a ratio line for every test.
+# options. Passes when the run completes and ends with a ratio and a paired line for every test
+# (send_lat_event too: both tools sleeping on their channels across the wire) and the
+# gain_vs_perftest line.
 # Usage: compare.sh VERBS_PERF OUT_DIR COMPARE_OPTIONS...
 set -uo pipefail
 perf=$1 out=$2
@@ -12,8 +14,10 @@ trap 'rm -f "$log"' EXIT
 timeout 1200 "$top/bench/compare" --connect "${VERBS_PEER_ADDR:?run under scripts/rxe-pair}" --perf "$perf" --out "$out" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || { echo "FAIL: bench/compare --connect exited with $rc"; exit 1; }
-for t in write_lat write_bw read_lat read_bw send_lat send_bw write_rate_batched; do
+for t in write_lat write_bw read_lat read_bw send_lat send_bw send_lat_event write_rate_batched; do
   grep -Eq "^ratio $t [0-9.]+$" "$log" || { echo "FAIL: no 'ratio $t' line"; exit 1; }
+  grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
 done
+grep -Eq "^gain_vs_perftest write_rate_batching [0-9.]+$" "$log" || { echo "FAIL: no 'gain_vs_perftest' line"; exit 1; }
 grep -q '"two_hosts": true' "$out/compare.json" || { echo "FAIL: compare.json does not say two hosts"; exit 1; }
 echo "compare across the wire: passed"
