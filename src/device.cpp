@@ -317,14 +317,49 @@ PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation wher
   return p;
 }
 
+namespace {
+
+/// Every valid GID entry of every port in one call (ibv_query_gid_table(3): one ioctl, where a
+/// scan of rxe's 1024 slots, one ibv_query_gid_ex each, made 1022 that failed with ENODATA);
+/// empty with `ok` false where the call is not there (an older kernel, a provider stub).
+std::vector<ibv_gid_entry> all_gid_entries(ibv_context* ctx, bool& ok) {
+  ok = false;
+  ibv_device_attr d{};
+  if (ibv_query_device(ctx, &d) != 0) return {};
+  std::size_t slots = 0;
+  for (std::uint8_t port = 1; port <= d.phys_port_cnt; ++port) {
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx, port, &pa) != 0) return {};
+    slots += static_cast<std::size_t>(pa.gid_tbl_len);
+  }
+  std::vector<ibv_gid_entry> all(slots);
+  const ssize_t n = slots == 0 ? 0 : ibv_query_gid_table(ctx, all.data(), all.size(), 0);
+  if (n < 0) return {};
+  all.resize(static_cast<std::size_t>(n));
+  ok = true;
+  return all;
+}
+
+}  // namespace
+
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
   const PortInfo p = query_port(ctx, port_num);
+  std::vector<ibv_gid_entry> entries;
+  bool whole = false;
+  for (ibv_gid_entry& e : all_gid_entries(ctx, whole))
+    if (e.port_num == port_num) entries.push_back(e);
+  if (!whole) {
+    for (std::uint32_t i = 0; i < p.gid_table_len; ++i) {
+      ibv_gid_entry e{};
+      // ENODATA marks an empty slot; other failures (e.g. a provider without the ex query)
+      // also just leave the entry out.
+      if (ibv_query_gid_ex(ctx, port_num, i, &e, 0) == 0) entries.push_back(e);
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const ibv_gid_entry& x, const ibv_gid_entry& y) { return x.gid_index < y.gid_index; });
   std::vector<GidEntry> out;
-  for (std::uint32_t i = 0; i < p.gid_table_len; ++i) {
-    ibv_gid_entry e{};
-    // ENODATA marks an empty slot; other failures (e.g. a provider without the ex query)
-    // also just leave the entry out.
-    if (ibv_query_gid_ex(ctx, port_num, i, &e, 0) != 0) continue;
+  for (const ibv_gid_entry& e : entries) {
     GidEntry g;
     g.gid = Gid::from_native(e.gid);
     if (g.gid.is_zero()) continue;

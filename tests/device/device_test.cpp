@@ -111,6 +111,24 @@ TEST_F(Device, PortThatDoesNotExistThrows) {
   EXPECT_TRUE(contains(e->what(), "ibv_query_port"));
 }
 
+// gid_table() reads the whole table in one ibv_query_gid_table; it must say what a scan slot by
+// slot says, in index order.
+TEST_F(Device, GidTableIsWhatASlotBySlotScanFinds) {
+  const std::vector<GidEntry> table = dev->gid_table(1);
+  std::vector<std::pair<std::uint32_t, verbs::Gid>> scanned;
+  for (std::uint32_t i = 0; i < dev->port(1).gid_table_len; ++i) {
+    ibv_gid_entry e{};
+    if (ibv_query_gid_ex(dev->native_handle(), 1, i, &e, 0) != 0) continue;
+    const verbs::Gid g = verbs::Gid::from_native(e.gid);
+    if (!g.is_zero()) scanned.emplace_back(e.gid_index, g);
+  }
+  ASSERT_EQ(table.size(), scanned.size());
+  for (std::size_t k = 0; k < table.size(); ++k) {
+    EXPECT_EQ(table[k].index, scanned[k].first);
+    EXPECT_EQ(table[k].gid, scanned[k].second) << "index " << table[k].index;
+  }
+}
+
 TEST_F(Device, GidTableHasRoceV2Ipv4MappedEntryOnTheTestNetdev) {
   if (!dev->port(1).is_ethernet()) GTEST_SKIP() << dev->name() << " port 1 is InfiniBand: GIDs are not IP addresses";
   const std::vector<GidEntry> table = dev->gid_table(1);
