@@ -41,7 +41,7 @@ class MemoryWindow {
 
   ///@{
   /// Move-only: the moved-from window is empty, and refuses to bind (Errc::empty_object).
-  MemoryWindow(MemoryWindow&&) noexcept = default;
+  MemoryWindow(MemoryWindow&& o) noexcept { swap(o); }
   MemoryWindow& operator=(MemoryWindow&& o) noexcept {
     MemoryWindow(std::move(o)).swap(*this);
     return *this;

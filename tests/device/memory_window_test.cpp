@@ -228,13 +228,17 @@ TEST_F(Window, BindsTheRegionOrTheQpCannotTakeAreRejectedWithNothingPosted) {
   EXPECT_TRUE(rejected(w.bind(fresh, *target, target->slice(0, 64), kWindowRights), Errc::bad_qp_state));
   expect_no_completion(p.cq_b, 50ms);
   EXPECT_EQ(w.rkey(), rkey) << "a refused bind changes nothing";
-  // A moved-from window.
+  // A moved-from window (of a bound one).
+  bind(w, p.b, p.cq_b, 0, 4096);
+  const std::uint32_t bound_rkey = w.rkey();
   MemoryWindow moved(std::move(w));
   EXPECT_TRUE(rejected(w.bind(p.b, *target, target->slice(0, 64), kWindowRights), Errc::empty_object));  // NOLINT
   EXPECT_TRUE(rejected(w.invalidate(p.b), Errc::empty_object));  // NOLINT
   EXPECT_FALSE(w);  // NOLINT(bugprone-use-after-move): the point
+  EXPECT_FALSE(w.bound());  // NOLINT(bugprone-use-after-move)
   EXPECT_TRUE(moved);
-  EXPECT_EQ(moved.rkey(), rkey);
+  EXPECT_TRUE(moved.bound());
+  EXPECT_EQ(moved.rkey(), bound_rkey);
 }
 
 // A QP destroyed with a type 2 window still bound to it stalls rxe for about 51 s, and a region
