@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <mutex>
 #include <cstring>
 #include <span>
@@ -321,22 +322,20 @@ namespace {
 
 /// Every valid GID entry of every port in one call (ibv_query_gid_table(3): one ioctl, where a
 /// scan of rxe's 1024 slots, one ibv_query_gid_ex each, made 1022 that failed with ENODATA);
-/// empty with `ok` false where the call is not there (an older kernel, a provider stub).
-std::vector<ibv_gid_entry> all_gid_entries(ibv_context* ctx, bool& ok) {
-  ok = false;
+/// empty where the call is not there (an older kernel, a provider stub).
+std::optional<std::vector<ibv_gid_entry>> all_gid_entries(ibv_context* ctx) {
   ibv_device_attr d{};
-  if (ibv_query_device(ctx, &d) != 0) return {};
+  if (ibv_query_device(ctx, &d) != 0) return std::nullopt;
   std::size_t slots = 0;
   for (std::uint8_t port = 1; port <= d.phys_port_cnt; ++port) {
     ibv_port_attr pa{};
-    if (ibv_query_port(ctx, port, &pa) != 0) return {};
+    if (ibv_query_port(ctx, port, &pa) != 0) return std::nullopt;
     slots += static_cast<std::size_t>(pa.gid_tbl_len);
   }
   std::vector<ibv_gid_entry> all(slots);
   const ssize_t n = slots == 0 ? 0 : ibv_query_gid_table(ctx, all.data(), all.size(), 0);
-  if (n < 0) return {};
+  if (n < 0) return std::nullopt;
   all.resize(static_cast<std::size_t>(n));
-  ok = true;
   return all;
 }
 
@@ -345,10 +344,11 @@ std::vector<ibv_gid_entry> all_gid_entries(ibv_context* ctx, bool& ok) {
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
   const PortInfo p = query_port(ctx, port_num);
   std::vector<ibv_gid_entry> entries;
-  bool whole = false;
-  for (ibv_gid_entry& e : all_gid_entries(ctx, whole))
-    if (e.port_num == port_num) entries.push_back(e);
-  if (!whole) {
+  const std::optional<std::vector<ibv_gid_entry>> all = all_gid_entries(ctx);
+  if (all) {
+    for (const ibv_gid_entry& e : *all)
+      if (e.port_num == port_num) entries.push_back(e);
+  } else {
     for (std::uint32_t i = 0; i < p.gid_table_len; ++i) {
       ibv_gid_entry e{};
       // ENODATA marks an empty slot; other failures (e.g. a provider without the ex query)
