@@ -43,6 +43,12 @@ class VerbsCategory final : public std::error_category {
                "for a window with remote_write or remote_atomic), a window grants only remote_read, remote_write "
                "and remote_atomic, window, region and QP share one PD, and a type 2 window is bound only when "
                "free, to a range of at least one byte, and invalidated only when bound";
+      case Errc::qp_not_extended:
+        return "the queue pair was not made with QpOptions::extended (the extended API ibv_wr_*), or its send "
+               "operations lack this one";
+      case Errc::atomic_write_unsupported:
+        return "the device does not report atomic write (IB_UVERBS_DEVICE_ATOMIC_WRITE), or the QP is not RC";
+      case Errc::batch_closed: return "the SendBatch was completed: open another with QueuePair::batch()";
     }
     return "unknown verbs error " + std::to_string(v);
   }
@@ -50,7 +56,9 @@ class VerbsCategory final : public std::error_category {
     switch (static_cast<Errc>(v)) {
       case Errc::no_device: return std::errc::no_such_device;
       case Errc::timed_out: return std::errc::timed_out;
-      case Errc::atomics_unsupported: return std::errc::operation_not_supported;
+      case Errc::atomics_unsupported:
+      case Errc::atomic_write_unsupported:
+      case Errc::qp_not_extended: return std::errc::operation_not_supported;
       case Errc::local_out_of_bounds:
       case Errc::remote_out_of_bounds:
       case Errc::remote_too_small:

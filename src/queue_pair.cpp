@@ -1,6 +1,7 @@
 #include "verbs/queue_pair.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 
@@ -28,6 +29,42 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
       return bit(IBV_WR_SEND + 16) | bit(IBV_WR_SEND_WITH_IMM + 16);
   }
   return 0;
+}
+
+// The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (device_cap_flags_ex), which rdma-core 44's
+// headers do not name yet.
+constexpr std::uint64_t kDeviceAtomicWrite = 1ULL << 40;
+// rxe's vendor_id (RXE_VENDOR_ID in the kernel).
+constexpr std::uint32_t kRxeVendor = 0xffffff;
+
+/// The send operations an extended QP of type `t` is made with: those posts allow on the type
+/// (allowed_ops), and atomic write where the device reports it.
+std::uint64_t send_ops_for(QpType t, const ibv_device_attr_ex& dev, bool with_mw) {
+  const bool atomics = dev.orig_attr.atomic_cap != IBV_ATOMIC_NONE;
+  std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  if (t == QpType::ud) return ops;
+  ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+  if (t == QpType::uc) return ops | (with_mw ? std::uint64_t{IBV_QP_EX_WITH_BIND_MW} : 0);
+  ops |= IBV_QP_EX_WITH_RDMA_READ;
+  if (atomics) ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  if (with_mw) ops |= IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
+  if ((dev.device_cap_flags_ex & kDeviceAtomicWrite) != 0) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+  return ops;
+}
+
+/// The opcodes (as bits of QueuePair::type_ops_, so with 16 added on UD) of send_ops `ops`.
+std::uint32_t opcodes_of(std::uint64_t ops, QpType t) {
+  std::uint32_t r = 0;
+  for (int op = IBV_WR_RDMA_WRITE; op <= IBV_WR_SEND_WITH_INV; ++op)
+    if ((ops & (std::uint64_t{1} << op)) != 0) r |= bit(t == QpType::ud ? op + 16 : op);  // IBV_QP_EX_WITH_x = 1 << IBV_WR_x
+  if ((ops & IBV_QP_EX_WITH_ATOMIC_WRITE) != 0) r |= bit(IBV_WR_ATOMIC_WRITE);
+  return r;
+}
+
+std::string hex(std::uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
 }
 
 std::uint32_t random_psn() {
@@ -131,10 +168,45 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
   detail::require_not_empty(recv_cq.native_handle() != nullptr, "QueuePair: the receive CompletionQueue", where);
   detail::require_not_empty(o.srq == nullptr || o.srq->native_handle() != nullptr, "QueuePair: QpOptions::srq", where);
   ibv_qp_init_attr init = init_attr(send_cq, recv_cq, o);
-  ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
-  if (qp == nullptr) {
-    const int err = errno != 0 ? errno : EIO;
-    detail::throw_errno(err, err == EINVAL ? explain_einval(pd, send_cq, recv_cq, o) : "ibv_create_qp", where);
+  ibv_qp* qp = nullptr;
+  std::uint64_t ops = 0;
+  if (o.extended) {
+    // ibv_create_qp_ex(3) with the send operations of the type. A device that refuses the
+    // memory-window ones (EINVAL or EOPNOTSUPP) gets the QP without them.
+    ibv_device_attr_ex dev{};
+    detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
+    for (const bool with_mw : {true, false}) {
+      ibv_qp_init_attr_ex ex{};
+      ex.qp_context = init.qp_context;
+      ex.send_cq = init.send_cq;
+      ex.recv_cq = init.recv_cq;
+      ex.srq = init.srq;
+      ex.cap = init.cap;
+      ex.qp_type = init.qp_type;
+      ex.sq_sig_all = init.sq_sig_all;
+      ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      ex.pd = pd.native_handle();
+      ops = send_ops_for(o.type, dev, with_mw);
+      ex.send_ops_flags = ops;
+      errno = 0;
+      qp = ibv_create_qp_ex(pd.native_handle()->context, &ex);
+      init.cap = ex.cap;
+      if (qp != nullptr || (errno != EINVAL && errno != EOPNOTSUPP) || o.type == QpType::ud) break;
+    }
+    if (qp == nullptr) {
+      const int err = errno != 0 ? errno : EIO;
+      detail::throw_errno(err,
+                          err == EINVAL ? explain_einval(pd, send_cq, recv_cq, o) + " (ibv_create_qp_ex, send_ops_flags " +
+                                              hex(ops) + ")"
+                                        : "ibv_create_qp_ex (send_ops_flags " + hex(ops) + ")",
+                          where);
+    }
+  } else {
+    qp = ibv_create_qp(pd.native_handle(), &init);
+    if (qp == nullptr) {
+      const int err = errno != 0 ? errno : EIO;
+      detail::throw_errno(err, err == EINVAL ? explain_einval(pd, send_cq, recv_cq, o) : "ibv_create_qp", where);
+    }
   }
   std::shared_ptr<ibv_srq> srq = o.srq != nullptr ? o.srq->shared_handle() : nullptr;
   // Created here so that a failing setup_ below still destroys the QP.
@@ -143,19 +215,19 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
         ibv_destroy_qp(q);
       });
   // ibv_create_qp writes back what the device granted (at least what was asked).
-  setup_(o, init.cap, where);
+  setup_(o, init.cap, where, ops);
 }
 
 QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted,
                            QpState state) {
   QueuePair q;
   q.qp_ = std::move(qp);
-  q.setup_(options, granted, SourceLocation::current());
+  q.setup_(options, granted, SourceLocation::current(), options.extended ? ~std::uint64_t{0} : 0);
   q.set_state_(static_cast<std::uint8_t>(state));
   return q;
 }
 
-void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where) {
+void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ops) {
   ibv_context* ctx = qp_->context;
   access_ = o.access;
   pkey_index_ = o.pkey_index;
@@ -187,6 +259,15 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   max_send_wr_ = granted.max_send_wr;
   max_recv_wr_ = granted.max_recv_wr;
   type_ops_ = allowed_ops(o.type, atomics_);
+  if (o.extended) {
+    qpx_ = ibv_qp_to_qp_ex(qp_.get());
+    if (qpx_ == nullptr)
+      detail::throw_error(make_error_code(Errc::qp_not_extended),
+                          "QueuePair: QpOptions::extended, but the QP is no extended one (ibv_qp_to_qp_ex)", where);
+    // Adopted: what the type allows (the creator is trusted to have asked for it).
+    ext_ops_ = ops != ~std::uint64_t{0} ? ops : send_ops_for(o.type, dev, true);
+    split_sge_ = dev.orig_attr.vendor_id == kRxeVendor;
+  }
   set_state_(state_);
 
   local_.qp_num = qp_->qp_num;
@@ -216,6 +297,33 @@ void QueuePair::set_state_(std::uint8_t state) noexcept {
   // Sends are posted from RTS on (in SQD, SQE and ERR too: the device flushes or holds them).
   const std::uint64_t ops = state >= IBV_QPS_RTS ? type_ops_ : 0;
   allowed_ = ops | (max_send_sge_ >= 1 ? ops << SendWr::one_sge_bit : 0);
+  const std::uint64_t ext = state >= IBV_QPS_RTS ? (type_ops_ | bit(IBV_WR_ATOMIC_WRITE)) & opcodes_of(ext_ops_, type_) : 0;
+  batch_allowed_ = ext | (max_send_sge_ >= 1 ? ext << SendWr::one_sge_bit : 0);
+}
+
+void SendBatch::post_alone_(const SendWr& w, std::uint32_t index) noexcept {
+  // The requests before this one go first (or, none pending, the batch is given up).
+  if (index > first_) {
+    open_ = false;
+    if (const int rc = ibv_wr_complete(qpx_); rc != 0) {
+      failed_ = PostResult::device_error(rc, first_);
+      return;
+    }
+  } else {
+    open_ = false;
+    ibv_wr_abort(qpx_);
+  }
+  SendWr copy = w;
+  if (copy.own_sge_) copy.wr_.sg_list = &copy.sge_;
+  copy.wr_.next = nullptr;
+  ibv_send_wr* bad = nullptr;
+  if (const int rc = ibv_post_send(qp_->native_handle(), &copy.wr_, &bad); rc != 0) {
+    failed_ = PostResult::device_error(detail::rc_to_errno(rc), index);
+    return;
+  }
+  first_ = index + 1;
+  ibv_wr_start(qpx_);
+  open_ = true;
 }
 
 void QueuePair::to_init(SourceLocation where) {

@@ -64,6 +64,9 @@ enum class Errc : int {
   ud_recv_too_small,        ///< a UD receive without room for the 40-byte GRH before the payload
   ud_needs_address,         ///< a UD send without an address: SendWr::send(...).to(ah, qpn, qkey)
   mw_bind_not_allowed,      ///< a memory window bind or invalidate the rules refuse: see MemoryWindow::bind() and MemoryWindow::invalidate()
+  qp_not_extended,          ///< a SendBatch on a QP made without QpOptions::extended, or an operation its send_ops lack
+  atomic_write_unsupported, ///< an atomic write on a device that does not report it (IB_UVERBS_DEVICE_ATOMIC_WRITE)
+  batch_closed,             ///< a request or complete() on a SendBatch already completed
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.

@@ -51,6 +51,9 @@ struct QpOptions {
   std::uint32_t qkey = 0x11111111;            ///< UD only
   std::optional<std::uint32_t> gid_index = std::nullopt;     ///< default: Device::choose_gid's pick
   void* context = nullptr;  ///< qp_context: AsyncEvent::context() of the events this QP raises
+  /// Create with ibv_create_qp_ex(3) and the send operations of its type (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS),
+  /// so that QueuePair::batch() can post through the extended API (ibv_wr_post(3)); post() works too.
+  bool extended = false;
 };
 
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
@@ -259,6 +262,7 @@ struct QpAttributes {
 };
 
 class QueuePair;
+class SendBatch;
 namespace detail {
 /// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
 /// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
@@ -337,6 +341,10 @@ class QueuePair {
     std::swap(max_rd_atom_, o.max_rd_atom_);
     std::swap(ud_max_, o.ud_max_);
     std::swap(min_recv_bytes_, o.min_recv_bytes_);
+    std::swap(qpx_, o.qpx_);
+    std::swap(ext_ops_, o.ext_ops_);
+    std::swap(batch_allowed_, o.batch_allowed_);
+    std::swap(split_sge_, o.split_sge_);
   }
   /// False for a moved-from (empty) QP.
   [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
@@ -398,6 +406,11 @@ class QueuePair {
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
   /// The local port.
   [[nodiscard]] std::uint8_t port() const noexcept { return port_; }
+  /// Made with QpOptions::extended: batch() posts through ibv_wr_*.
+  [[nodiscard]] bool extended() const noexcept { return qpx_ != nullptr; }
+  /// The extended QP's send operations (IBV_QP_EX_WITH_* of ibv_qp_init_attr_ex::send_ops_flags);
+  /// 0 when not extended.
+  [[nodiscard]] std::uint64_t send_ops() const noexcept { return ext_ops_; }
 
   // ---- posting ----
   // The one-request posts are always inlined (whatever the optimiser's size heuristics say), so
@@ -515,8 +528,14 @@ class QueuePair {
 
   ///@}
 
+  /// Opens a batch of requests posted through the extended API (ibv_wr_start(3)); see SendBatch.
+  /// On a QP made without QpOptions::extended every request of it is refused (Errc::qp_not_extended).
+  [[nodiscard]] SendBatch batch() noexcept;
+
   /// The C handle.
   [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
+  /// The extended QP (ibv_qp_to_qp_ex(3)); null when not extended.
+  [[nodiscard]] ibv_qp_ex* native_ex_handle() const noexcept { return qpx_; }
   /// Shares ownership of the C handle: the ibv_qp, and what it keeps alive, lives until the last
   /// owner is gone (e.g. a thread that still queries it).
   [[nodiscard]] std::shared_ptr<ibv_qp> shared_handle() const noexcept { return qp_; }
@@ -538,38 +557,53 @@ class QueuePair {
   // the build-time error is a known constant on each path, and with constant options the inline
   // test folds too: what is left is the bit test (and the remote-size compare made when building).
   [[nodiscard]] bool passes_(const SendWr& w) const noexcept {
-    return w.err_ == 0 && ((allowed_ >> w.key_) & 1u) != 0 &&
-           ((w.key_ & SendWr::one_sge_bit) != 0 || static_cast<std::uint32_t>(w.wr_.num_sge) <= max_send_sge_) &&
-           ((w.wr_.send_flags & IBV_SEND_INLINE) == 0 || w.total_ <= max_inline_) &&
-           ((w.key_ & SendWr::ud_bit) == 0 || w.total_ <= ud_max_);
+    return passes_(allowed_, w.key_, w.err_, w.wr_.num_sge, (w.wr_.send_flags & IBV_SEND_INLINE) != 0, w.total_);
+  }
+  // The same for a request given as its parts: what SendBatch checks, against its own mask.
+  [[gnu::always_inline]] [[nodiscard]] bool passes_(std::uint64_t allowed, unsigned key, unsigned err, int num_sge,
+                                                    bool inline_data, std::uint64_t total) const noexcept {
+    return err == 0 && ((allowed >> key) & 1u) != 0 &&
+           ((key & SendWr::one_sge_bit) != 0 || static_cast<std::uint32_t>(num_sge) <= max_send_sge_) &&
+           (!inline_data || total <= max_inline_) && ((key & SendWr::ud_bit) == 0 || total <= ud_max_);
   }
   // Request `index` failed passes_(): which check, in the order they are documented.
   [[nodiscard, gnu::cold, gnu::noinline]] PostResult rejected_(const SendWr& w, std::uint32_t index) const noexcept {
+    return rejected_(false, w.key_, w.err_, w.wr_.num_sge, (w.wr_.send_flags & IBV_SEND_INLINE) != 0, w.total_, index,
+                     false);
+  }
+  [[nodiscard, gnu::cold, gnu::noinline]] PostResult rejected_(bool batch, unsigned key, unsigned err, int num_sge,
+                                                               bool inline_data, std::uint64_t total,
+                                                               std::uint32_t index, bool before_posted) const noexcept {
     Errc e = Errc::bad_argument;  // not reached: passes_() would have held
-    const unsigned op = w.key_ & (SendWr::one_sge_bit - 1);
+    const unsigned op = key & (SendWr::one_sge_bit - 1);  // with ud_bit, as type_ops_ has it
     const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
     if (!qp_) e = Errc::empty_object;
+    else if (batch && qpx_ == nullptr) e = Errc::qp_not_extended;
     else if (state_now_() < IBV_QPS_RTS) e = Errc::bad_qp_state;
-    else if (w.err_ != 0) e = static_cast<Errc>(w.err_);
+    else if (err != 0) e = static_cast<Errc>(err);
     else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
-    else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (w.key_ & SendWr::ud_bit) == 0)
+    else if (op == IBV_WR_ATOMIC_WRITE && (type_ != QpType::rc || (ext_ops_ & IBV_QP_EX_WITH_ATOMIC_WRITE) == 0))
+      e = Errc::atomic_write_unsupported;
+    else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (key & SendWr::ud_bit) == 0)
       e = Errc::ud_needs_address;
     else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
-    else if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_send_sge_) e = Errc::too_many_sge;
-    else if ((w.wr_.send_flags & IBV_SEND_INLINE) != 0 && w.total_ > max_inline_) e = Errc::inline_too_large;
-    else if ((w.key_ & SendWr::ud_bit) != 0 && w.total_ > ud_max_) e = Errc::ud_message_too_large;
-    return PostResult::rejected(e, index);
+    else if (batch && ((batch_allowed_ >> key) & 1u) == 0) e = Errc::qp_not_extended;
+    else if (static_cast<std::uint32_t>(num_sge) > max_send_sge_) e = Errc::too_many_sge;
+    else if (inline_data && total > max_inline_) e = Errc::inline_too_large;
+    else if ((key & SendWr::ud_bit) != 0 && total > ud_max_) e = Errc::ud_message_too_large;
+    return PostResult::rejected(e, index, before_posted);
   }
   [[nodiscard, gnu::cold, gnu::noinline]] static PostResult device_error_(int rc) noexcept {
     return PostResult::device_error(detail::rc_to_errno(rc), 0);
   }
   QueuePair() = default;
-  void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where);
+  void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ext_ops);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
   void check_not_empty_(const char* what, SourceLocation where) const;
   [[nodiscard]] std::uint8_t state_now_() const noexcept { return state_.load(std::memory_order_relaxed); }
   friend void detail::flush_to_error(QueuePair& qp) noexcept;
+  friend class SendBatch;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
   Endpoint local_;
@@ -593,7 +627,277 @@ class QueuePair {
   // netdev's MTU is not seen: a larger send then fails in its completion, not before posting).
   std::uint32_t ud_max_ = 0;
   std::uint32_t min_recv_bytes_ = 0;  // 40 (the GRH) on UD, else 0
+  ibv_qp_ex* qpx_ = nullptr;          // the extended QP (QpOptions::extended), else null
+  std::uint64_t ext_ops_ = 0;         // its send_ops_flags (IBV_QP_EX_WITH_*)
+  std::uint64_t batch_allowed_ = 0;   // allowed_ for a SendBatch: the keys of ext_ops_ (set_state_)
+  bool split_sge_ = false;            // rxe: multi-SGE requests of unequal lengths go through ibv_post_send
 };
+
+/// Requests posted together through the extended QP API (ibv_wr_post(3)): QueuePair::batch()
+/// opens one (ibv_wr_start), each call adds a request, checked as QueuePair::post checks it
+/// (the same errors), and complete() posts them with one doorbell (ibv_wr_complete) and returns
+/// the same PostResult. A request that fails a check rejects the batch: what follows is ignored,
+/// complete() aborts it (ibv_wr_abort) and names the request and the check, and nothing is
+/// posted. A batch not completed is aborted when it goes out of scope.
+///
+///     qp.batch().write(a, peer_a).write(b, peer_b, {.wr_id = 2}).complete().check();
+///
+/// Rules: only on a QP made with QpOptions::extended; the batch must not outlive its QP, nor
+/// the QP be moved meanwhile. Between batch() and complete() the provider holds the send queue's
+/// lock: post nothing else on the QP from the same thread meanwhile (on rxe that deadlocks),
+/// and keep it short; other threads' posts wait. Never allocates, locks (beyond the provider)
+/// or throws.
+///
+/// Multi-SGE requests use ibv_wr_set_sge_list, except on rxe (vendor 0xffffff), whose provider
+/// before rdma-core 64 takes num_sge times the first SGE's length: there a request with unequal
+/// SGE lengths goes through ibv_post_send, after the requests before it are posted
+/// (ibv_wr_complete), so order holds, and the batch goes on after it. A request inline from
+/// several slices takes that path on every device. If a request after such a split fails a
+/// check, complete() posts the requests before it (not only those before the split), and
+/// PostResult::posted() says so.
+class SendBatch {
+ public:
+  SendBatch(const SendBatch&) = delete;
+  SendBatch& operator=(const SendBatch&) = delete;
+  /// Aborts the batch (ibv_wr_abort) if it was not completed.
+  ~SendBatch() {
+    if (open_) ibv_wr_abort(qpx_);
+  }
+
+  /// RDMA write (as SendWr::write).
+  SendBatch& write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_RDMA_WRITE, src.length() > dst.length ? Errc::remote_too_small : Errc{}, src.length(), o))
+      [[likely]] {
+      ibv_wr_rdma_write(qpx_, dst.rkey, dst.addr);
+      data_(src, o);
+    }
+    return *this;
+  }
+  /// RDMA write with immediate (host byte order).
+  SendBatch& write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_RDMA_WRITE_WITH_IMM, src.length() > dst.length ? Errc::remote_too_small : Errc{}, src.length(),
+               o)) [[likely]] {
+      ibv_wr_rdma_write_imm(qpx_, dst.rkey, dst.addr, htonl(imm));
+      data_(src, o);
+    }
+    return *this;
+  }
+  /// RDMA read of the front of `src` into `dst`.
+  SendBatch& read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    const Errc e = dst.length() > src.length ? Errc::remote_too_small
+                   : o.inline_data          ? Errc::inline_not_allowed
+                                            : Errc{};
+    if (admit_(IBV_WR_RDMA_READ, e, dst.length(), o)) [[likely]] {
+      ibv_wr_rdma_read(qpx_, src.rkey, src.addr);
+      data_(dst, o);
+    }
+    return *this;
+  }
+  /// Send (RC/UC; on UD, add(SendWr::send(...).to(ah, qpn, qkey))).
+  SendBatch& send(LocalSlice src, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_SEND, Errc{}, src.length(), o)) [[likely]] {
+      ibv_wr_send(qpx_);
+      data_(src, o);
+    }
+    return *this;
+  }
+  /// Send with immediate (host byte order).
+  SendBatch& send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_SEND_WITH_IMM, Errc{}, src.length(), o)) [[likely]] {
+      ibv_wr_send_imm(qpx_, htonl(imm));
+      data_(src, o);
+    }
+    return *this;
+  }
+  /// Send that invalidates the peer's memory window `rkey` (as SendWr::send_inv).
+  SendBatch& send_inv(LocalSlice src, std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_SEND_WITH_INV, Errc{}, src.length(), o)) [[likely]] {
+      ibv_wr_send_inv(qpx_, rkey);
+      data_(src, o);
+    }
+    return *this;
+  }
+  /// Invalidates this side's memory window `rkey` (as SendWr::local_inv).
+  SendBatch& local_inv(std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_LOCAL_INV, o.inline_data ? Errc::inline_not_allowed : Errc{}, 0, o, false)) [[likely]]
+      ibv_wr_local_inv(qpx_, rkey);
+    return *this;
+  }
+  /// Atomic fetch-and-add (as SendWr::fetch_add).
+  SendBatch& fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_ATOMIC_FETCH_AND_ADD, atomic_error_(result.length(), target, o), 8, o)) [[likely]] {
+      ibv_wr_atomic_fetch_add(qpx_, target.rkey, target.addr, add);
+      data_(result, o);
+    }
+    return *this;
+  }
+  /// Atomic compare-and-swap (as SendWr::compare_swap).
+  SendBatch& compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
+                          const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_ATOMIC_CMP_AND_SWP, atomic_error_(result.length(), target, o), 8, o)) [[likely]] {
+      ibv_wr_atomic_cmp_swp(qpx_, target.rkey, target.addr, compare, swap);
+      data_(result, o);
+    }
+    return *this;
+  }
+  /// Atomic write (IBA 1.5; RC): the 8 bytes of `value`, as they lie in memory, to the 8-byte,
+  /// 8-aligned `target`, in one piece. Only where the device reports it
+  /// (Errc::atomic_write_unsupported otherwise; rxe from Linux 6.2).
+  SendBatch& atomic_write(RemoteSlice target, std::uint64_t value, const PostOptions& o = {}) noexcept {
+    if (admit_(IBV_WR_ATOMIC_WRITE, atomic_error_(8, target, o), 8, o, false)) [[likely]]
+      ibv_wr_atomic_write(qpx_, target.rkey, target.addr, &value);
+    return *this;
+  }
+  ///@{
+  /// Requests that scatter or gather several slices (as the SendWr builders).
+  SendBatch& write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+    return add(SendWr::write(src, dst, o));
+  }
+  SendBatch& read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+    return add(SendWr::read(dst, src, o));
+  }
+  SendBatch& send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
+    return add(SendWr::send(src, o));
+  }
+  ///@}
+  /// Adds a request built with SendWr (any of its kinds, UD-addressed ones too), checked as
+  /// QueuePair::post checks it.
+  SendBatch& add(const SendWr& w) noexcept {
+    const std::uint32_t index = count_++;
+    if (!failed_.ok()) [[unlikely]] return *this;
+    const ibv_send_wr& r = w.wr_;
+    const bool inl = (r.send_flags & IBV_SEND_INLINE) != 0;
+    if (!qp_->passes_(qp_->batch_allowed_, w.key_, w.err_, r.num_sge, inl, w.total_)) [[unlikely]] {
+      reject_(w.key_, w.err_, r.num_sge, inl, w.total_, index);
+      return *this;
+    }
+    const ibv_sge* sg = w.own_sge_ ? &w.sge_ : r.sg_list;
+    if (r.num_sge > 1 && (inl || (qp_->split_sge_ && !equal_lengths_(sg, r.num_sge)))) [[unlikely]] {
+      post_alone_(w, index);
+      return *this;
+    }
+    qpx_->wr_id = r.wr_id;
+    qpx_->wr_flags = r.send_flags;
+    switch (r.opcode) {
+      case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
+      case IBV_WR_RDMA_WRITE_WITH_IMM:
+        ibv_wr_rdma_write_imm(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr, r.imm_data);
+        break;
+      case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
+      case IBV_WR_SEND: ibv_wr_send(qpx_); break;
+      case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qpx_, r.imm_data); break;
+      case IBV_WR_SEND_WITH_INV: ibv_wr_send_inv(qpx_, r.invalidate_rkey); break;
+      case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        ibv_wr_atomic_fetch_add(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add);
+        break;
+      case IBV_WR_ATOMIC_CMP_AND_SWP:
+        ibv_wr_atomic_cmp_swp(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add,
+                              r.wr.atomic.swap);
+        break;
+      case IBV_WR_LOCAL_INV: ibv_wr_local_inv(qpx_, r.invalidate_rkey); return *this;
+      default: reject_(w.key_, static_cast<unsigned>(Errc::bad_argument), r.num_sge, inl, w.total_, index); return *this;
+    }
+    if ((w.key_ & SendWr::ud_bit) != 0) ibv_wr_set_ud_addr(qpx_, r.wr.ud.ah, r.wr.ud.remote_qpn, r.wr.ud.remote_qkey);
+    if (r.num_sge == 1) {
+      if (inl) ibv_wr_set_inline_data(qpx_, reinterpret_cast<void*>(sg->addr), sg->length);  // NOLINT
+      else ibv_wr_set_sge(qpx_, sg->lkey, sg->addr, sg->length);
+    } else {
+      ibv_wr_set_sge_list(qpx_, static_cast<std::size_t>(r.num_sge), sg);
+    }
+    return *this;
+  }
+
+  /// Posts the batch (ibv_wr_complete(3)): success, the check a request failed (nothing
+  /// posted: aborted), or the provider's errno (Errc-less, generic category; none of the requests
+  /// since the batch opened, or since its last split, was posted). A second call gives
+  /// Errc::batch_closed.
+  PostResult complete() noexcept {
+    if (!open_) [[unlikely]] return closed_();
+    open_ = false;
+    if (!failed_.ok()) [[unlikely]] {
+      // Split before: what came before the refused request is posted, as failed_ says.
+      if (failed_.posted() > first_) {
+        if (const int rc = ibv_wr_complete(qpx_); rc != 0) {
+          failed_ = PostResult::rejected(Errc::batch_closed, count_);
+          return PostResult::device_error(rc, first_);
+        }
+      } else {
+        ibv_wr_abort(qpx_);
+      }
+      return closed_();
+    }
+    failed_ = PostResult::rejected(Errc::batch_closed, count_);
+    if (const int rc = ibv_wr_complete(qpx_); rc != 0) [[unlikely]] return PostResult::device_error(rc, first_);
+    return {};
+  }
+
+  /// Requests added so far (those refused included).
+  [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
+
+ private:
+  friend class QueuePair;
+  explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
+    if (qpx_ == nullptr) [[unlikely]]
+      failed_ = PostResult::rejected(qp.qp_ ? Errc::qp_not_extended : Errc::empty_object, 0);
+    else {
+      ibv_wr_start(qpx_);
+      open_ = true;
+    }
+  }
+  [[gnu::always_inline]] static Errc atomic_error_(std::uint64_t result_length, const RemoteSlice& t,
+                                                   const PostOptions& o) noexcept {
+    return result_length != 8 || t.length != 8 ? Errc::atomic_length
+           : t.addr % 8 != 0                   ? Errc::atomic_misaligned
+           : o.inline_data                     ? Errc::inline_not_allowed
+                                               : Errc{};
+  }
+  // Checks a request of one SGE (or none: sge false) and sets wr_id and flags for the builder.
+  [[gnu::always_inline]] bool admit_(ibv_wr_opcode op, Errc e, std::uint64_t total, const PostOptions& o,
+                                     bool sge = true) noexcept {
+    const std::uint32_t index = count_++;
+    if (!failed_.ok()) [[unlikely]] return false;
+    const unsigned key = static_cast<unsigned>(op) | (sge ? unsigned{SendWr::one_sge_bit} : 0u);
+    if (!qp_->passes_(qp_->batch_allowed_, key, static_cast<unsigned>(e), sge ? 1 : 0, o.inline_data, total))
+      [[unlikely]] {
+      reject_(key, static_cast<unsigned>(e), sge ? 1 : 0, o.inline_data, total, index);
+      return false;
+    }
+    qpx_->wr_id = o.wr_id;
+    qpx_->wr_flags = (o.signaled ? unsigned{IBV_SEND_SIGNALED} : 0u) | (o.inline_data ? unsigned{IBV_SEND_INLINE} : 0u) |
+                     (o.fence ? unsigned{IBV_SEND_FENCE} : 0u) | (o.solicited ? unsigned{IBV_SEND_SOLICITED} : 0u);
+    return true;
+  }
+  [[gnu::always_inline]] void data_(const LocalSlice& s, const PostOptions& o) noexcept {
+    const ibv_sge g = s.native();
+    if (o.inline_data) ibv_wr_set_inline_data(qpx_, reinterpret_cast<void*>(g.addr), g.length);  // NOLINT
+    else ibv_wr_set_sge(qpx_, g.lkey, g.addr, g.length);
+  }
+  static bool equal_lengths_(const ibv_sge* sg, int n) noexcept {
+    for (int i = 1; i < n; ++i)
+      if (sg[i].length != sg[0].length) return false;
+    return true;
+  }
+  [[gnu::cold, gnu::noinline]] void reject_(unsigned key, unsigned err, int num_sge, bool inline_data,
+                                            std::uint64_t total, std::uint32_t index) noexcept {
+    failed_ = qp_->rejected_(true, key, err, num_sge, inline_data, total, index, first_ > 0);
+  }
+  // Posts `w` through ibv_post_send between two parts of the batch (SendBatch, multi-SGE).
+  [[gnu::cold, gnu::noinline]] void post_alone_(const SendWr& w, std::uint32_t index) noexcept;
+  [[nodiscard]] PostResult closed_() noexcept {
+    PostResult r = failed_;
+    failed_ = PostResult::rejected(Errc::batch_closed, count_);
+    return r;
+  }
+
+  QueuePair* qp_;
+  ibv_qp_ex* qpx_;
+  PostResult failed_{};       // set once a request fails (or the batch is closed): complete() returns it
+  std::uint32_t count_ = 0;   // requests added
+  std::uint32_t first_ = 0;   // the first request since the batch (re)opened: those before it were posted
+  bool open_ = false;         // between ibv_wr_start and ibv_wr_complete/abort
+};
+
+inline SendBatch QueuePair::batch() noexcept { return SendBatch(*this); }
 
 /// Exchanges two QueuePairs.
 inline void swap(QueuePair& a, QueuePair& b) noexcept { a.swap(b); }

@@ -34,9 +34,10 @@ class [[nodiscard]] PostResult {
  public:
   /// Success.
   constexpr PostResult() noexcept = default;
-  /// Request `index` failed the library's check `e`; nothing was posted.
-  static constexpr PostResult rejected(Errc e, std::uint32_t index) noexcept {
-    return PostResult(-static_cast<int>(e), index);
+  /// Request `index` failed the library's check `e`; nothing was posted (or, with
+  /// `before_posted`, the requests before it: a SendBatch that a multi-SGE request split).
+  static constexpr PostResult rejected(Errc e, std::uint32_t index, bool before_posted = false) noexcept {
+    return PostResult(-(static_cast<int>(e) | (before_posted ? partial_ : 0)), index);
   }
   /// The device refused request `index` with errno `err`; the ones before it were posted.
   static constexpr PostResult device_error(int err, std::uint32_t index) noexcept { return PostResult(err, index); }
@@ -48,23 +49,28 @@ class [[nodiscard]] PostResult {
   /// Why the post failed; empty on success.
   [[nodiscard]] std::error_code error() const noexcept {
     if (value_ == 0) return {};
-    if (value_ < 0) return make_error_code(static_cast<Errc>(-value_));
+    if (value_ < 0) return make_error_code(static_cast<Errc>(-value_ & (partial_ - 1)));
     return {value_, std::generic_category()};
   }
   /// Index in the chain of the request that failed. Requests before it were posted when the
   /// device refused it (ibv_post_send's bad_wr); none was posted when a check failed.
   [[nodiscard]] constexpr std::uint32_t failed_index() const noexcept { return index_; }
-  /// How many requests of the chain went to the device.
-  [[nodiscard]] constexpr std::uint32_t posted() const noexcept { return value_ > 0 ? index_ : 0; }
+  /// How many requests of the chain went to the device: those before failed_index() when the
+  /// device refused one; none when a check failed, except in a SendBatch that a multi-SGE
+  /// request split, where the requests before the refused one were posted (SendBatch).
+  [[nodiscard]] constexpr std::uint32_t posted() const noexcept {
+    return value_ > 0 || (value_ < 0 && (-value_ & partial_) != 0) ? index_ : 0;
+  }
   /// Throws Error if the post failed.
   void check(SourceLocation where = SourceLocation::current()) const {
     if (!ok()) [[unlikely]] throw_error(where);
   }
 
  private:
+  static constexpr int partial_ = 1 << 16;  // with -Errc: the requests before index_ were posted
   constexpr PostResult(int value, std::uint32_t index) noexcept : value_(value), index_(index) {}
   [[noreturn]] void throw_error(SourceLocation where) const;
-  int value_ = 0;  // 0 ok, > 0 errno, < 0 -Errc
+  int value_ = 0;  // 0 ok, > 0 errno, < 0 -Errc (| partial_)
   std::uint32_t index_ = 0;
 };
 static_assert(sizeof(PostResult) == 8);
@@ -201,6 +207,7 @@ class SendWr {
 
  private:
   friend class QueuePair;
+  friend class SendBatch;     // posts it through ibv_wr_*
   friend class MemoryWindow;  // builds IBV_WR_BIND_MW requests
   // key_ is the opcode, plus ud_bit when addressed for UD, plus one_sge_bit when the request
   // carries its one SGE inside. A QP allows a key (QueuePair::allowed_) when its type and state

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include <infiniband/verbs.h>
 
@@ -23,13 +24,37 @@
 
 namespace verbs_stub {
 
+constexpr std::uint32_t kVerbsQpEx = 1u << 1;  // VERBS_QP_EX
+
+/// One request built through the stub's ibv_wr_* functions.
+struct ExWr {
+  ibv_wr_opcode opcode{};
+  std::uint64_t wr_id = 0;
+  unsigned flags = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint32_t imm_or_rkey = 0;            // imm_data (network order) or invalidate_rkey
+  std::uint64_t compare_add = 0, swap = 0;  // atomics; atomic write: its 8 bytes
+  std::vector<ibv_sge> sges;                // set_sge / set_sge_list
+  std::vector<unsigned char> inline_bytes;  // set_inline_data
+  ibv_ah* ah = nullptr;
+  std::uint32_t remote_qpn = 0, remote_qkey = 0;
+};
+
 /// The fake context, one QP and one CQ on it. Records what was posted; poll returns `ready`
 /// copies of `completion` (or `poll_rc` when it is negative). Not movable: the handles point
 /// into it.
 struct Provider {
   verbs_context vctx{};
   ibv_device device{};
-  ibv_qp qp{};
+  // As rdma-core's struct verbs_qp (infiniband/driver.h, which is not installed):
+  // ibv_qp_to_qp_ex(3) returns &qp_ex when qp_comp_mask has VERBS_QP_EX.
+  union {
+    ibv_qp qp;
+    ibv_qp_ex qp_ex;
+  };
+  std::uint32_t qp_comp_mask = 0;
+  void* qp_xrcd = nullptr;
   ibv_cq cq{};
 
   int post_rc = 0;                      // what post_send/post_recv return
@@ -43,8 +68,19 @@ struct Provider {
   ibv_atomic_cap atomic_cap = IBV_ATOMIC_HCA;  // what ibv_query_device_ex reports
   int armed = 0;                        // ibv_req_notify_cq calls
   int ready_on_arm = 0;                 // a completion "landing while arming": ready becomes this
+  std::uint32_t vendor_id = 0;          // what ibv_query_device_ex reports (0xffffff: rxe)
+  std::uint64_t device_cap_flags_ex = 0;
+
+  // The extended QP (QpOptions::extended): what its ibv_wr_* functions saw.
+  int wr_starts = 0, wr_completes = 0, wr_aborts = 0;
+  int complete_rc = 0;                  // what wr_complete returns (nothing is posted then)
+  bool wr_open = false;                 // between wr_start and wr_complete/wr_abort
+  std::vector<ExWr> pending;            // built since wr_start
+  std::vector<ExWr> ex_posted;          // posted by wr_complete
+  std::vector<std::uint64_t> order;     // wr_ids in the order posted, through either path
 
   Provider() {
+    std::memset(&qp_ex, 0, sizeof qp_ex);
     vctx.sz = sizeof(verbs_context);
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
     vctx.context.device = &device;
@@ -74,6 +110,7 @@ struct Provider {
                                                     .max_recv_sge = 1, .max_inline_data = 0}) {
     qp.qp_type = static_cast<ibv_qp_type>(o.type);
     qp.state = static_cast<ibv_qp_state>(state);
+    if (o.extended) make_extended();
     return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state);
   }
   /// The stub context as a verbs::Device (it asks for the device attributes only).
@@ -83,6 +120,88 @@ struct Provider {
   /// The stub CQ as a verbs::CompletionQueue.
   verbs::CompletionQueue completion_queue() {
     return verbs::CompletionQueue::adopt(std::shared_ptr<ibv_cq>(&cq, [](ibv_cq*) {}));
+  }
+
+  /// Makes the QP an extended one, whose ibv_wr_* functions record into `pending`.
+  void make_extended() {
+    qp_comp_mask = kVerbsQpEx;
+    ibv_qp_ex& x = qp_ex;
+    x.wr_start = [](ibv_qp_ex* q) {
+      Provider& p = of(q->qp_base.context);
+      ++p.wr_starts;
+      p.wr_open = true;
+      p.pending.clear();
+    };
+    x.wr_complete = [](ibv_qp_ex* q) {
+      Provider& p = of(q->qp_base.context);
+      ++p.wr_completes;
+      p.wr_open = false;
+      if (p.complete_rc != 0) {
+        p.pending.clear();
+        return p.complete_rc;
+      }
+      for (ExWr& w : p.pending) {
+        p.order.push_back(w.wr_id);
+        p.ex_posted.push_back(std::move(w));
+      }
+      p.pending.clear();
+      return 0;
+    };
+    x.wr_abort = [](ibv_qp_ex* q) {
+      Provider& p = of(q->qp_base.context);
+      ++p.wr_aborts;
+      p.wr_open = false;
+      p.pending.clear();
+    };
+    x.wr_rdma_write = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr) {
+      begin(q, IBV_WR_RDMA_WRITE, rkey, addr);
+    };
+    x.wr_rdma_write_imm = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr, __be32 imm) {
+      begin(q, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr).imm_or_rkey = imm;
+    };
+    x.wr_rdma_read = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr) { begin(q, IBV_WR_RDMA_READ, rkey, addr); };
+    x.wr_send = [](ibv_qp_ex* q) { begin(q, IBV_WR_SEND, 0, 0); };
+    x.wr_send_imm = [](ibv_qp_ex* q, __be32 imm) { begin(q, IBV_WR_SEND_WITH_IMM, 0, 0).imm_or_rkey = imm; };
+    x.wr_send_inv = [](ibv_qp_ex* q, std::uint32_t rkey) { begin(q, IBV_WR_SEND_WITH_INV, 0, 0).imm_or_rkey = rkey; };
+    x.wr_local_inv = [](ibv_qp_ex* q, std::uint32_t rkey) { begin(q, IBV_WR_LOCAL_INV, 0, 0).imm_or_rkey = rkey; };
+    x.wr_atomic_fetch_add = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr, std::uint64_t add) {
+      begin(q, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr).compare_add = add;
+    };
+    x.wr_atomic_cmp_swp = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr, std::uint64_t cmp,
+                             std::uint64_t swp) {
+      ExWr& w = begin(q, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr);
+      w.compare_add = cmp;
+      w.swap = swp;
+    };
+    x.wr_atomic_write = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr, const void* v) {
+      std::memcpy(&begin(q, IBV_WR_ATOMIC_WRITE, rkey, addr).compare_add, v, 8);
+    };
+    x.wr_set_sge = [](ibv_qp_ex* q, std::uint32_t lkey, std::uint64_t addr, std::uint32_t len) {
+      of(q->qp_base.context).pending.back().sges.push_back({.addr = addr, .length = len, .lkey = lkey});
+    };
+    x.wr_set_sge_list = [](ibv_qp_ex* q, std::size_t n, const ibv_sge* list) {
+      of(q->qp_base.context).pending.back().sges.assign(list, list + n);
+    };
+    x.wr_set_inline_data = [](ibv_qp_ex* q, void* addr, std::size_t len) {
+      const auto* b = static_cast<const unsigned char*>(addr);
+      of(q->qp_base.context).pending.back().inline_bytes.assign(b, b + len);
+    };
+    x.wr_set_ud_addr = [](ibv_qp_ex* q, ibv_ah* ah, std::uint32_t qpn, std::uint32_t qkey) {
+      ExWr& w = of(q->qp_base.context).pending.back();
+      w.ah = ah;
+      w.remote_qpn = qpn;
+      w.remote_qkey = qkey;
+    };
+  }
+  static ExWr& begin(ibv_qp_ex* q, ibv_wr_opcode op, std::uint32_t rkey, std::uint64_t addr) {
+    Provider& p = of(q->qp_base.context);
+    ExWr& w = p.pending.emplace_back();
+    w.opcode = op;
+    w.wr_id = q->wr_id;
+    w.flags = q->wr_flags;
+    w.rkey = rkey;
+    w.remote_addr = addr;
+    return w;
   }
 
   static Provider& of(ibv_context* ctx) {
@@ -96,6 +215,8 @@ struct Provider {
     attr->orig_attr.max_qp_rd_atom = 16;
     attr->orig_attr.max_qp_init_rd_atom = 16;
     attr->orig_attr.phys_port_cnt = 1;
+    attr->orig_attr.vendor_id = of(ctx).vendor_id;
+    attr->device_cap_flags_ex = of(ctx).device_cap_flags_ex;
     return 0;
   }
   static int query_port(ibv_context*, std::uint8_t, ibv_port_attr* attr, std::size_t) {
@@ -115,6 +236,7 @@ struct Provider {
       return p.post_rc;
     }
     for (; wr != nullptr; wr = wr->next) {
+      p.order.push_back(wr->wr_id);
       p.last_send = *wr;
       std::memcpy(p.last_send_bytes.data(), wr, sizeof *wr);
       p.last_sge = wr->num_sge > 0 ? wr->sg_list[0] : ibv_sge{};
