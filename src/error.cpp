@@ -136,6 +136,7 @@ std::string_view to_string(WcOpcode op) noexcept {
     case WcOpcode::fetch_add: return "fetch_add";
     case WcOpcode::bind_mw: return "bind_mw";
     case WcOpcode::local_inv: return "local_inv";
+    case WcOpcode::atomic_write: return "atomic_write";
     case WcOpcode::recv: return "recv";
     case WcOpcode::recv_rdma_with_imm: return "recv_rdma_with_imm";
   }

@@ -191,6 +191,33 @@ TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
   EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 11));
 }
 
+// The same two invalidations posted through the extended API (SendBatch) on extended QPs.
+TEST_F(Window, SendWithInvalidateAndLocalInvalidateThroughABatch) {
+  need_type2();
+  QpPair p(*dev, *pd, {.access = all_access, .extended = true});
+  ASSERT_NE(p.a.send_ops() & IBV_QP_EX_WITH_SEND_WITH_INV, 0u);
+  MemoryWindow w(*pd);
+  bind(w, p.b, p.cq_b, 0, 4096);
+  ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 256), 9)));
+  ASSERT_TRUE(posted(p.a.batch().send_inv(src->slice(0, 32), w.rkey(), {.wr_id = 6}).complete()));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::send, 6));
+  const Completion r = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 9));
+  EXPECT_EQ(r.invalidated_rkey(), w.rkey());
+  w.invalidated_by_peer();
+  expect_refused(p, w.remote(), 7);
+
+  // Once more (the failed write moved a's QP to ERR: a fresh pair), taken back by b itself.
+  QpPair q(*dev, *pd, {.access = all_access, .extended = true});
+  MemoryWindow v(*pd);
+  bind(v, q.b, q.cq_b, 0, 4096);
+  ASSERT_TRUE(posted(q.b.batch().local_inv(v.rkey(), {.wr_id = 78}).complete()));
+  EXPECT_TRUE(completed(expect_completion(q.cq_b), WcOpcode::local_inv, 78));
+  v.invalidated_by_peer();  // taken back outside the wrapper: tell it, as after the peer's invalidate
+  expect_refused(q, v.remote(), 5);
+  EXPECT_TRUE(all_bytes(target->bytes().first(64), std::byte{0}));
+}
+
 TEST_F(Window, Type1BindThroughIbvBindMwOpensTheRange) {
   QpPair p(*dev, *pd, {.access = all_access});
   std::optional<MemoryWindow> w;
