@@ -1,10 +1,12 @@
 // Zero-overhead check: the same work written with the library and with raw verbs, in this one
 // translation unit, counted in instructions by callgrind against a provider stub (no device).
 //
-//   post: build an RDMA write with one SGE and post it (checking the result)
-//   poll: poll a batch of kBatch completions into an array (checking for an error)
+//   post:    build an RDMA write with one SGE and post it (checking the result)
+//   post_wr: the same write through the extended QP API (ibv_wr_start, ibv_wr_rdma_write,
+//            ibv_wr_set_sge, ibv_wr_complete; the library's SendBatch)
+//   poll:    poll a batch of kBatch completions into an array (checking for an error)
 //
-// lib_post/raw_post and lib_poll/raw_poll are noinline and extern "C", so callgrind can count
+// lib_post/raw_post, lib_post_wr/raw_post_wr and lib_poll/raw_poll are noinline and extern "C", so callgrind can count
 // each one inclusively (its call into the stub included) with --toggle-collect=<name>.
 //
 //   verbs_overhead               checks that both sides do the same work, then runs itself under
@@ -53,6 +55,11 @@ int poll_cq_stub(ibv_cq*, int n, ibv_wc* wc) {
   std::memcpy(wc, g_prepared.data(), static_cast<std::size_t>(n) * sizeof(ibv_wc));
   return n;
 }
+// The extended QP's: as little again.
+void wr_start_stub(ibv_qp_ex*) {}
+int wr_complete_stub(ibv_qp_ex*) { return 0; }
+void wr_rdma_write_stub(ibv_qp_ex*, std::uint32_t, std::uint64_t) {}
+void wr_set_sge_stub(ibv_qp_ex*, std::uint32_t, std::uint64_t, std::uint32_t) {}
 
 }  // namespace
 
@@ -69,6 +76,11 @@ extern "C" {
 __attribute__((noinline)) bool lib_post(verbs::QueuePair& qp, const verbs::LocalSlice& src,
                                         const verbs::RemoteSlice& dst, std::uint64_t id) {
   return qp.post_write(src, dst, {.wr_id = id}).ok();
+}
+
+__attribute__((noinline)) bool lib_post_wr(verbs::QueuePair& qp, const verbs::LocalSlice& src,
+                                           const verbs::RemoteSlice& dst, std::uint64_t id) {
+  return qp.batch().write(src, dst, {.wr_id = id}).complete().ok();
 }
 
 __attribute__((noinline)) int lib_poll(verbs::CompletionQueue& cq, std::span<verbs::Completion> out) {
@@ -92,6 +104,16 @@ __attribute__((noinline)) bool raw_post(ibv_qp* qp, const ibv_sge* src, const ra
   return ibv_post_send(qp, &wr, &bad) == 0;
 }
 
+__attribute__((noinline)) bool raw_post_wr(ibv_qp_ex* qpx, const ibv_sge* src, const raw_remote* dst,
+                                           std::uint64_t id) {
+  ibv_wr_start(qpx);
+  qpx->wr_id = id;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(qpx, dst->rkey, dst->addr);
+  ibv_wr_set_sge(qpx, src->lkey, src->addr, src->length);
+  return ibv_wr_complete(qpx) == 0;
+}
+
 __attribute__((noinline)) int raw_poll(ibv_cq* cq, ibv_wc* wc, int n) {
   const int got = ibv_poll_cq(cq, n, wc);
   if (got < 0) return -1;
@@ -104,7 +126,7 @@ namespace {
 
 struct Setup {
   verbs_stub::Provider stub;
-  verbs::QueuePair qp = stub.queue_pair();
+  verbs::QueuePair qp = stub.queue_pair({.extended = true});
   verbs::CompletionQueue cq = stub.completion_queue();
   const verbs::LocalSlice src{0x10000, 4096, 0x1234};
   const verbs::RemoteSlice dst{.addr = 0x7f0000, .length = 4096, .rkey = 0x5678};
@@ -122,6 +144,10 @@ struct Setup {
   void measuring_stubs() {
     stub.vctx.context.ops.post_send = &post_send_stub;
     stub.vctx.context.ops.poll_cq = &poll_cq_stub;
+    stub.qp_ex.wr_start = &wr_start_stub;
+    stub.qp_ex.wr_complete = &wr_complete_stub;
+    stub.qp_ex.wr_rdma_write = &wr_rdma_write_stub;
+    stub.qp_ex.wr_set_sge = &wr_set_sge_stub;
   }
 };
 
@@ -151,6 +177,20 @@ bool check() {
   if (lib_post(s.qp, s.src, verbs::RemoteSlice{s.dst.addr, 1, s.dst.rkey}, 1) || s.stub.posted_sends != 2)
     fail("the library posted a write larger than its remote slice");
 
+  // Through the extended API: the same calls with the same arguments, one complete each.
+  if (!lib_post_wr(s.qp, s.src, s.dst, 43)) fail("lib_post_wr failed");
+  if (!raw_post_wr(&s.stub.qp_ex, &s.src.native(), &s.raw_dst, 43)) fail("raw_post_wr failed");
+  if (s.stub.ex_posted.size() != 2 || s.stub.wr_completes != 2) fail("not one ibv_wr_complete each");
+  if (s.stub.ex_posted.size() == 2) {
+    const verbs_stub::ExWr &l = s.stub.ex_posted[0], &r = s.stub.ex_posted[1];
+    if (l.opcode != r.opcode || l.wr_id != r.wr_id || l.flags != r.flags || l.rkey != r.rkey ||
+        l.remote_addr != r.remote_addr || l.sges.size() != 1 || r.sges.size() != 1 ||
+        std::memcmp(l.sges.data(), r.sges.data(), sizeof(ibv_sge)) != 0)
+      fail("the extended API's requests");
+  }
+  if (lib_post_wr(s.qp, s.src, verbs::RemoteSlice{s.dst.addr, 1, s.dst.rkey}, 1) || s.stub.ex_posted.size() != 2)
+    fail("the library's batch posted a write larger than its remote slice");
+
   s.measuring_stubs();
   if (lib_poll(s.cq, s.lib_wc) != kBatch || raw_poll(&s.stub.cq, s.raw_wc.data(), kBatch) != kBatch)
     fail("a poll did not return the batch");
@@ -166,6 +206,11 @@ int run(std::string_view fn, long n) {
     for (long i = 0; i < n; ++i) good += lib_post(s.qp, s.src, s.dst, static_cast<std::uint64_t>(i)) ? 1 : 0;
   } else if (fn == "raw_post") {
     for (long i = 0; i < n; ++i) good += raw_post(&s.stub.qp, &s.src.native(), &s.raw_dst, static_cast<std::uint64_t>(i)) ? 1 : 0;
+  } else if (fn == "lib_post_wr") {
+    for (long i = 0; i < n; ++i) good += lib_post_wr(s.qp, s.src, s.dst, static_cast<std::uint64_t>(i)) ? 1 : 0;
+  } else if (fn == "raw_post_wr") {
+    for (long i = 0; i < n; ++i)
+      good += raw_post_wr(&s.stub.qp_ex, &s.src.native(), &s.raw_dst, static_cast<std::uint64_t>(i)) ? 1 : 0;
   } else if (fn == "lib_poll") {
     for (long i = 0; i < n; ++i) good += lib_poll(s.cq, s.lib_wc) == kBatch ? 1 : 0;
   } else if (fn == "raw_poll") {
@@ -255,11 +300,15 @@ int main(int argc, char** argv) {
   const long n = 100000;
   const double lib_post_ir = count(self.data(), "lib_post", n), raw_post_ir = count(self.data(), "raw_post", n);
   const double lib_poll_ir = count(self.data(), "lib_poll", n), raw_poll_ir = count(self.data(), "raw_poll", n);
-  if (lib_post_ir <= 0 || raw_post_ir <= 0 || lib_poll_ir <= 0 || raw_poll_ir <= 0) return 1;
+  const double lib_wr_ir = count(self.data(), "lib_post_wr", n), raw_wr_ir = count(self.data(), "raw_post_wr", n);
+  if (lib_post_ir <= 0 || raw_post_ir <= 0 || lib_poll_ir <= 0 || raw_poll_ir <= 0 || lib_wr_ir <= 0 || raw_wr_ir <= 0)
+    return 1;
   std::printf("overhead: instructions per call (callgrind, provider stub included; poll: %d completions)\n", kBatch);
   std::printf("overhead: post  library %.1f  raw %.1f\n", lib_post_ir, raw_post_ir);
+  std::printf("overhead: post_wr  library %.1f  raw %.1f\n", lib_wr_ir, raw_wr_ir);
   std::printf("overhead: poll  library %.1f  raw %.1f\n", lib_poll_ir, raw_poll_ir);
   std::printf("overhead post %.2f\n", lib_post_ir / raw_post_ir);
+  std::printf("overhead post_wr %.2f\n", lib_wr_ir / raw_wr_ir);
   std::printf("overhead poll %.2f\n", lib_poll_ir / raw_poll_ir);
   return 0;
 }

@@ -660,12 +660,12 @@ class SendBatch {
   SendBatch(const SendBatch&) = delete;
   SendBatch& operator=(const SendBatch&) = delete;
   /// Aborts the batch (ibv_wr_abort) if it was not completed.
-  ~SendBatch() {
+  [[gnu::always_inline]] ~SendBatch() {
     if (open_) ibv_wr_abort(qpx_);
   }
 
   /// RDMA write (as SendWr::write).
-  SendBatch& write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_RDMA_WRITE, src.length() > dst.length ? Errc::remote_too_small : Errc{}, src.length(), o))
       [[likely]] {
       ibv_wr_rdma_write(qpx_, dst.rkey, dst.addr);
@@ -674,7 +674,7 @@ class SendBatch {
     return *this;
   }
   /// RDMA write with immediate (host byte order).
-  SendBatch& write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_RDMA_WRITE_WITH_IMM, src.length() > dst.length ? Errc::remote_too_small : Errc{}, src.length(),
                o)) [[likely]] {
       ibv_wr_rdma_write_imm(qpx_, dst.rkey, dst.addr, htonl(imm));
@@ -683,7 +683,7 @@ class SendBatch {
     return *this;
   }
   /// RDMA read of the front of `src` into `dst`.
-  SendBatch& read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     const Errc e = dst.length() > src.length ? Errc::remote_too_small
                    : o.inline_data          ? Errc::inline_not_allowed
                                             : Errc{};
@@ -694,7 +694,7 @@ class SendBatch {
     return *this;
   }
   /// Send (RC/UC; on UD, add(SendWr::send(...).to(ah, qpn, qkey))).
-  SendBatch& send(LocalSlice src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& send(LocalSlice src, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_SEND, Errc{}, src.length(), o)) [[likely]] {
       ibv_wr_send(qpx_);
       data_(src, o);
@@ -702,7 +702,7 @@ class SendBatch {
     return *this;
   }
   /// Send with immediate (host byte order).
-  SendBatch& send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_SEND_WITH_IMM, Errc{}, src.length(), o)) [[likely]] {
       ibv_wr_send_imm(qpx_, htonl(imm));
       data_(src, o);
@@ -710,7 +710,7 @@ class SendBatch {
     return *this;
   }
   /// Send that invalidates the peer's memory window `rkey` (as SendWr::send_inv).
-  SendBatch& send_inv(LocalSlice src, std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& send_inv(LocalSlice src, std::uint32_t rkey, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_SEND_WITH_INV, Errc{}, src.length(), o)) [[likely]] {
       ibv_wr_send_inv(qpx_, rkey);
       data_(src, o);
@@ -718,13 +718,13 @@ class SendBatch {
     return *this;
   }
   /// Invalidates this side's memory window `rkey` (as SendWr::local_inv).
-  SendBatch& local_inv(std::uint32_t rkey, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& local_inv(std::uint32_t rkey, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_LOCAL_INV, o.inline_data ? Errc::inline_not_allowed : Errc{}, 0, o, false)) [[likely]]
       ibv_wr_local_inv(qpx_, rkey);
     return *this;
   }
   /// Atomic fetch-and-add (as SendWr::fetch_add).
-  SendBatch& fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_ATOMIC_FETCH_AND_ADD, atomic_error_(result.length(), target, o), 8, o)) [[likely]] {
       ibv_wr_atomic_fetch_add(qpx_, target.rkey, target.addr, add);
       data_(result, o);
@@ -732,7 +732,7 @@ class SendBatch {
     return *this;
   }
   /// Atomic compare-and-swap (as SendWr::compare_swap).
-  SendBatch& compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
+  [[gnu::always_inline]] SendBatch& compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare, std::uint64_t swap,
                           const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_ATOMIC_CMP_AND_SWP, atomic_error_(result.length(), target, o), 8, o)) [[likely]] {
       ibv_wr_atomic_cmp_swp(qpx_, target.rkey, target.addr, compare, swap);
@@ -743,32 +743,32 @@ class SendBatch {
   /// Atomic write (IBA 1.5; RC): the 8 bytes of `value`, as they lie in memory, to the 8-byte,
   /// 8-aligned `target`, in one piece. Only where the device reports it
   /// (Errc::atomic_write_unsupported otherwise; rxe from Linux 6.2).
-  SendBatch& atomic_write(RemoteSlice target, std::uint64_t value, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& atomic_write(RemoteSlice target, std::uint64_t value, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_ATOMIC_WRITE, atomic_error_(8, target, o), 8, o, false)) [[likely]]
       ibv_wr_atomic_write(qpx_, target.rkey, target.addr, &value);
     return *this;
   }
   ///@{
   /// Requests that scatter or gather several slices (as the SendWr builders).
-  SendBatch& write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
     return add(SendWr::write(src, dst, o));
   }
-  SendBatch& read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
     return add(SendWr::read(dst, src, o));
   }
-  SendBatch& send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] SendBatch& send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
     return add(SendWr::send(src, o));
   }
   ///@}
   /// Adds a request built with SendWr (any of its kinds, UD-addressed ones too), checked as
   /// QueuePair::post checks it.
-  SendBatch& add(const SendWr& w) noexcept {
+  [[gnu::always_inline]] SendBatch& add(const SendWr& w) noexcept {
     const std::uint32_t index = count_++;
     if (!failed_.ok()) [[unlikely]] return *this;
     const ibv_send_wr& r = w.wr_;
     const bool inl = (r.send_flags & IBV_SEND_INLINE) != 0;
     if (!qp_->passes_(qp_->batch_allowed_, w.key_, w.err_, r.num_sge, inl, w.total_)) [[unlikely]] {
-      reject_(w.key_, w.err_, r.num_sge, inl, w.total_, index);
+      failed_ = reject_(*qp_, w.key_, w.err_, r.num_sge, inl, w.total_, index, first_);
       return *this;
     }
     const ibv_sge* sg = w.own_sge_ ? &w.sge_ : r.sg_list;
@@ -795,7 +795,10 @@ class SendBatch {
                               r.wr.atomic.swap);
         break;
       case IBV_WR_LOCAL_INV: ibv_wr_local_inv(qpx_, r.invalidate_rkey); return *this;
-      default: reject_(w.key_, static_cast<unsigned>(Errc::bad_argument), r.num_sge, inl, w.total_, index); return *this;
+      default:
+        failed_ = reject_(*qp_, w.key_, static_cast<unsigned>(Errc::bad_argument), r.num_sge, inl, w.total_, index,
+                          first_);
+        return *this;
     }
     if ((w.key_ & SendWr::ud_bit) != 0) ibv_wr_set_ud_addr(qpx_, r.wr.ud.ah, r.wr.ud.remote_qpn, r.wr.ud.remote_qkey);
     if (r.num_sge == 1) {
@@ -811,7 +814,7 @@ class SendBatch {
   /// posted: aborted), or the provider's errno (Errc-less, generic category; none of the requests
   /// since the batch opened, or since its last split, was posted). A second call gives
   /// Errc::batch_closed.
-  PostResult complete() noexcept {
+  [[gnu::always_inline]] PostResult complete() noexcept {
     if (!open_) [[unlikely]] return closed_();
     open_ = false;
     if (!failed_.ok()) [[unlikely]] {
@@ -836,7 +839,7 @@ class SendBatch {
 
  private:
   friend class QueuePair;
-  explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
+  [[gnu::always_inline]] explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
     if (qpx_ == nullptr) [[unlikely]]
       failed_ = PostResult::rejected(qp.qp_ ? Errc::qp_not_extended : Errc::empty_object, 0);
     else {
@@ -859,7 +862,7 @@ class SendBatch {
     const unsigned key = static_cast<unsigned>(op) | (sge ? unsigned{SendWr::one_sge_bit} : 0u);
     if (!qp_->passes_(qp_->batch_allowed_, key, static_cast<unsigned>(e), sge ? 1 : 0, o.inline_data, total))
       [[unlikely]] {
-      reject_(key, static_cast<unsigned>(e), sge ? 1 : 0, o.inline_data, total, index);
+      failed_ = reject_(*qp_, key, static_cast<unsigned>(e), sge ? 1 : 0, o.inline_data, total, index, first_);
       return false;
     }
     qpx_->wr_id = o.wr_id;
@@ -877,13 +880,16 @@ class SendBatch {
       if (sg[i].length != sg[0].length) return false;
     return true;
   }
-  [[gnu::cold, gnu::noinline]] void reject_(unsigned key, unsigned err, int num_sge, bool inline_data,
-                                            std::uint64_t total, std::uint32_t index) noexcept {
-    failed_ = qp_->rejected_(true, key, err, num_sge, inline_data, total, index, first_ > 0);
+  // Static, and the result stored by the caller: the batch's address never escapes on the
+  // common path, so its members stay in registers across the provider's calls.
+  [[gnu::cold, gnu::noinline]] static PostResult reject_(const QueuePair& qp, unsigned key, unsigned err, int num_sge,
+                                                         bool inline_data, std::uint64_t total, std::uint32_t index,
+                                                         std::uint32_t first) noexcept {
+    return qp.rejected_(true, key, err, num_sge, inline_data, total, index, first > 0);
   }
   // Posts `w` through ibv_post_send between two parts of the batch (SendBatch, multi-SGE).
   [[gnu::cold, gnu::noinline]] void post_alone_(const SendWr& w, std::uint32_t index) noexcept;
-  [[nodiscard]] PostResult closed_() noexcept {
+  [[gnu::always_inline]] [[nodiscard]] PostResult closed_() noexcept {
     PostResult r = failed_;
     failed_ = PostResult::rejected(Errc::batch_closed, count_);
     return r;
@@ -897,7 +903,7 @@ class SendBatch {
   bool open_ = false;         // between ibv_wr_start and ibv_wr_complete/abort
 };
 
-inline SendBatch QueuePair::batch() noexcept { return SendBatch(*this); }
+[[gnu::always_inline]] inline SendBatch QueuePair::batch() noexcept { return SendBatch(*this); }
 
 /// Exchanges two QueuePairs.
 inline void swap(QueuePair& a, QueuePair& b) noexcept { a.swap(b); }
