@@ -63,6 +63,10 @@ Local options:
                          completion channel of its own, CompletionQueue::wait) instead of
                          busy-polling, as perftest's -e; each side chooses for itself.
                          write_lat still watches memory for the peer's message, as perftest's
+      --wr-api           post through the extended QP API (verbs::SendBatch: ibv_wr_start,
+                         ibv_wr_*, ibv_wr_complete), as perftest does by default; without it,
+                         ibv_post_send (verbs::QueuePair::post), as perftest's
+                         --use_old_post_send. Each side chooses for itself
       --bind ADDR        -R: the local address (default: server, the first with an RDMA
                          device; client, the one routed to HOST)
       --json FILE        write the results as JSON (client)
@@ -179,6 +183,7 @@ Config parse_args(int argc, char** argv) {
     if (arg == "-a" || arg == "--all") { c.all_sizes = true; continue; }
     if (arg == "-R" || arg == "--rdma-cm") { c.rdma_cm = true; continue; }
     if (arg == "-e" || arg == "--events") { c.events = true; continue; }
+    if (arg == "--wr-api") { c.wr_api = true; continue; }
     if (arg == "-N" || arg == "--no-peak") { c.no_peak = true; continue; }
     if (arg == "--verify") { c.verify = true; continue; }
     // -X VALUE, -XVALUE, --name VALUE, --name=VALUE
@@ -328,6 +333,7 @@ std::string describe_params(const Config& c) {
   if (c.verify) s += " --verify";
   if (c.no_peak) s += " -N";
   if (c.events) s += " -e";  // this side's own choice
+  if (c.wr_api) s += " --wr-api";  // and this
   return s;
 }
 

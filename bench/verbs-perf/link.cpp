@@ -422,7 +422,8 @@ verbs::QpOptions qp_options(const Config& c, std::uint32_t send_wr, std::uint32_
           .max_inline_data = inl,
           .access = rights(c),
           .port = c.ib_port,
-          .gid_index = c.gid_index};
+          .gid_index = c.gid_index,
+          .extended = c.wr_api};
 }
 
 /// Creates the QPs of the TCP exchange. An inline size the device refuses is turned off, with

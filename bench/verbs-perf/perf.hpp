@@ -70,6 +70,7 @@ struct Config {
   std::uint16_t port = 18515;             ///< -p (perftest's default)
   bool rdma_cm = false;                   ///< -R
   bool events = false;                    ///< -e: sleep on the CQs' completion channels, not poll
+  bool wr_api = false;                    ///< --wr-api: post through SendBatch (ibv_wr_*), not QueuePair::post
   std::string bind;                       ///< --bind: local address for rdma_cm
   std::string json;                       ///< --json FILE
   std::chrono::seconds timeout{30};       ///< --timeout: longest silence of the peer

@@ -35,7 +35,7 @@ void print_banner(const Session& s) {
   std::printf(" Device          : %s\n", s.device->name().c_str());
   std::printf(" Number of qps   : %u\t\tTransport type : IB\n", c.qps);
   std::printf(" Connection type : RC\t\tUsing SRQ      : OFF\n");
-  std::printf(" Post API        : ibv_post_send (verbs::QueuePair::post)\n");
+  std::printf(" Post API        : %s\n", c.wr_api ? "ibv_wr_* (verbs::SendBatch)" : "ibv_post_send (verbs::QueuePair::post)");
   std::printf(" TX depth        : %u\n", p.tx_depth);
   if (c.info().verb == Verb::send) std::printf(" RX depth        : %u\n", p.rx_depth);
   if (c.info().bw) std::printf(" CQ Moderation   : %u\n", p.cq_mod);
@@ -97,10 +97,10 @@ void write_json(const Session& s, const std::vector<RunOutcome>& results, const 
                json_string(s.device->name()).c_str());
   std::fprintf(f,
                "  \"params\": {\"qps\": %u, \"tx_depth\": %u, \"rx_depth\": %u, \"cq_mod\": %u, \"post_list\": %u, "
-               "\"inline_size\": %u, \"duration\": %u, \"rdma_cm\": %s, \"verify\": %s, \"events\": %s, \"command\": %s},\n",
+               "\"inline_size\": %u, \"duration\": %u, \"rdma_cm\": %s, \"verify\": %s, \"events\": %s, \"wr_api\": %s, \"command\": %s},\n",
                c.qps, p.tx_depth, p.rx_depth, p.cq_mod, p.post_list, std::min(p.inline_size, s.inline_cap), c.duration,
                c.rdma_cm ? "true" : "false", c.verify ? "true" : "false", c.events ? "true" : "false",
-               json_string(describe_params(c)).c_str());
+               c.wr_api ? "true" : "false", json_string(describe_params(c)).c_str());
   std::fprintf(f, "  \"timer\": {\"source\": %s, \"ticks_per_usec\": %.3f},\n", json_string(Ticks::name()).c_str(),
                Ticks::per_us());
   std::fprintf(f, "  \"results\": [");

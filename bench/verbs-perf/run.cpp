@@ -15,7 +15,7 @@
 //              per-message time over any stretch from a post to a later completion.
 //
 // Everything on the data path goes through the library: QueuePair::post (one request or a
-// span chain), QueuePair::post_recv, CompletionQueue::poll.
+// span chain), or with --wr-api a SendBatch per post, QueuePair::post_recv, CompletionQueue::poll.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -38,6 +38,13 @@ constexpr std::byte seq(std::uint64_t i) noexcept { return static_cast<std::byte
 
 [[noreturn]] void post_failed(const verbs::PostResult& r, const char* what) {
   throw Failure(std::string(what) + ": " + r.error().message());
+}
+/// --wr-api: the requests posted in one SendBatch (ibv_wr_start, one ibv_wr_* each,
+/// ibv_wr_complete), as perftest posts a list by default.
+verbs::PostResult batch_post(verbs::QueuePair& qp, std::span<const verbs::SendWr> wrs) {
+  verbs::SendBatch b = qp.batch();
+  for (const verbs::SendWr& w : wrs) b.add(w);
+  return b.complete();
 }
 [[noreturn]] void completion_failed(const verbs::Completion& wc) {
   throw Failure("work completion failed: " + wc.error_code().message() + " (wr_id " + std::to_string(wc.wr_id()) +
@@ -141,6 +148,7 @@ LatResult lat_stats(const Stamps& st, std::uint64_t bytes, double per_us, int rt
 
 /// write_lat, both sides. Returns the messages this side sent.
 std::uint64_t write_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
+  const bool wr_api = s.cfg.wr_api;
   const bool client = !s.cfg.server();
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
@@ -154,7 +162,8 @@ std::uint64_t write_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
   Watchdog wd(s.cfg.timeout, per_us);
   const auto send = [&](std::byte b) {
     *out = b;
-    if (const verbs::PostResult r = qp.post_write(src, dst, opt); !r) post_failed(r, "post_write");
+    const verbs::PostResult r = wr_api ? qp.batch().write(src, dst, opt).complete() : qp.post_write(src, dst, opt);
+    if (!r) post_failed(r, "post_write");
     (void)spin(s, cq, wd);
   };
   if (client) {
@@ -187,6 +196,7 @@ std::uint64_t write_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
 
 /// send_lat, both sides.
 std::uint64_t send_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
+  const bool wr_api = s.cfg.wr_api;
   const bool client = !s.cfg.server();
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
@@ -207,7 +217,8 @@ std::uint64_t send_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
   };
   const auto send = [&](std::uint64_t i) {
     const bool sig = (i + 1) % p.cq_mod == 0 || (!timed && i + 1 == n);
-    if (const verbs::PostResult r = qp.post_send(src, {.signaled = sig, .inline_data = inl}); !r)
+    const verbs::PostOptions o{.signaled = sig, .inline_data = inl};
+    if (const verbs::PostResult r = wr_api ? qp.batch().send(src, o).complete() : qp.post_send(src, o); !r)
       post_failed(r, "post_send");
     if (sig) (void)spin(s, *s.send_cq, wd);
   };
@@ -244,6 +255,7 @@ std::uint64_t send_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
 
 /// read_lat and atomic_lat, the client.
 std::uint64_t one_at_a_time(Session& s, const Plan& p, Stamps* st, double per_us) {
+  const bool wr_api = s.cfg.wr_api;
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
   verbs::QueuePair& qp = *s.qps[0];
@@ -264,7 +276,8 @@ std::uint64_t one_at_a_time(Session& s, const Plan& p, Stamps* st, double per_us
     } else {
       st->t[i] = now;
     }
-    if (const verbs::PostResult r = qp.post(wr); !r) post_failed(r, atomic ? "post_fetch_add" : "post_read");
+    if (const verbs::PostResult r = wr_api ? qp.batch().add(wr).complete() : qp.post(wr); !r)
+      post_failed(r, atomic ? "post_fetch_add" : "post_read");
     (void)spin(s, *s.send_cq, wd);
   }
   st->count = i;
@@ -279,6 +292,7 @@ struct Point {
 
 /// The client's bandwidth loop (perftest's run_iter_bw).
 RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
+  const bool wr_api = s.cfg.wr_api;
   const Config& c = s.cfg;
   const Verb verb = c.info().verb;
   const auto nq = static_cast<std::uint32_t>(s.qps.size());
@@ -351,7 +365,8 @@ RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
           const std::uint64_t now = Ticks::now();
           if (totscnt == 0) first_post = now;
           if (peak) posts.push_back({totscnt, now});
-          if (const verbs::PostResult r = s.qps[q]->post(std::span(lists[q])); !r) post_failed(r, "post");
+          if (const verbs::PostResult r = wr_api ? batch_post(*s.qps[q], lists[q]) : s.qps[q]->post(std::span(lists[q])); !r)
+            post_failed(r, "post");
           scnt[q] += pl;
           totscnt += pl;
           covered[q] = scnt[q];
@@ -379,8 +394,10 @@ RunOutcome bw_client(Session& s, const Plan& p, double per_us) {
         const std::uint64_t now = Ticks::now();
         if (totscnt == 0) first_post = now;
         if (peak) posts.push_back({totscnt, now});
-        if (const verbs::PostResult r = pl == 1 ? s.qps[q]->post(chain[0]) : s.qps[q]->post(std::span(chain)); !r)
-          post_failed(r, "post");
+        const verbs::PostResult r = wr_api ? batch_post(*s.qps[q], chain)
+                                    : pl == 1 ? s.qps[q]->post(chain[0])
+                                              : s.qps[q]->post(std::span(chain));
+        if (!r) post_failed(r, "post");
         chain.clear();
         scnt[q] += pl;
         totscnt += pl;

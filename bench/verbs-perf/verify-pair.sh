@@ -75,17 +75,25 @@ pair ok $host send_bw --verify -s 64 -D 2
 pair ok $host atomic_lat --verify -n 200
 # -e: each completion waited for on the CQ's channel (CompletionQueue::wait), not polled.
 pair ok $host atomic_lat --verify -n 200 -e
+# --wr-api: every post through a SendBatch (ibv_wr_*), lists and single requests, each verb.
+pair ok $host write_bw --verify -s 8 -n 1024 -l 16 --wr-api
+pair ok $host write_bw --verify -s 1000 -n 300 -I 64 --cq-mod 10 --wr-api
+pair ok $host read_bw --verify -s 1024 -n 500 --wr-api
+pair ok $host send_bw --verify -s 8 -n 512 -l 16 --wr-api
+pair ok $host atomic_lat --verify -n 200 --wr-api
 # rdma_cm needs the device's own address.
 cm_host=${remote:-${VERBS_TEST_ADDR:-}}
 if [ -n "$cm_host" ]; then
   pair ok "$cm_host" write_bw -R --verify -s 2048 -n 300
   pair ok "$cm_host" send_bw -R --verify -s 512 -n 300 -q 2
+  pair ok "$cm_host" write_bw -R --verify -s 2048 -n 300 --wr-api
 fi
 # --verify must notice wrong data (VERBS_PERF_CORRUPT makes the tool spoil one message).
 export VERBS_PERF_CORRUPT=1
 pair caught $host write_bw --verify -s 4096 -n 500
 pair caught $host read_bw --verify -s 1024 -n 500
 pair caught $host send_bw --verify -s 4096 -n 500
+pair caught $host write_bw --verify -s 4096 -n 500 --wr-api
 unset VERBS_PERF_CORRUPT
 
 echo "verbs-perf --verify: $passed passed, $failed failed"

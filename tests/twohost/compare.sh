@@ -18,6 +18,10 @@ for t in write_lat write_bw read_lat read_bw send_lat send_bw send_lat_event wri
   grep -Eq "^ratio $t [0-9.]+$" "$log" || { echo "FAIL: no 'ratio $t' line"; exit 1; }
   grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
 done
+# Each post path against itself (ours with --wr-api, perftest with --use_old_post_send).
+for t in write_rate_batched_wr write_rate_batched_old; do
+  grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
+done
 grep -Eq "^gain_vs_perftest write_rate_batching [0-9.]+$" "$log" || { echo "FAIL: no 'gain_vs_perftest' line"; exit 1; }
 grep -q '"two_hosts": true' "$out/compare.json" || { echo "FAIL: compare.json does not say two hosts"; exit 1; }
 echo "compare across the wire: passed"
