@@ -94,8 +94,32 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
       detail::throw_errno(errno, "fcntl(O_NONBLOCK) on the completion channel", where);
   }
   ibv_comp_channel* ch = shared ? shared->channel : channel.get();
-  ibv_cq* cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, options.context, ch, options.comp_vector),
-                                 "ibv_create_cq", where);
+  ibv_cq* cq = nullptr;
+  if (options.extended) {
+    ibv_device_attr_ex dev{};
+    detail::check_rc(ibv_query_device_ex(ctx, nullptr, &dev), "ibv_query_device_ex", where);
+    const std::uint64_t want = options.fields.value();
+    constexpr std::uint64_t stamps = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    if ((want & stamps) != 0 && dev.completion_timestamp_mask == 0)
+      detail::throw_errno(EOPNOTSUPP,
+                          "CompletionQueue: CqOptions::fields asks for completion timestamps, which " + device.name() +
+                              " does not have (ibv_device_attr_ex::completion_timestamp_mask is 0)",
+                          where);
+    ibv_cq_init_attr_ex attr{};
+    attr.cqe = static_cast<std::uint32_t>(options.depth);
+    attr.cq_context = options.context;
+    attr.channel = ch;
+    attr.comp_vector = static_cast<std::uint32_t>(options.comp_vector);
+    attr.wc_flags = want;
+    ibv_cq_ex* cqx = detail::check_ptr(ibv_create_cq_ex(ctx, &attr), "ibv_create_cq_ex", where);
+    cq = ibv_cq_ex_to_cq(cqx);
+    cqx_ = cqx;
+    fields_ = want;
+    legacy_poll_ = dev.orig_attr.vendor_id == 0xffffff;  // rxe (RXE_VENDOR_ID): see start_poll()
+  } else {
+    cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, options.context, ch, options.comp_vector), "ibv_create_cq",
+                           where);
+  }
   try {
     if (shared) shared->add(cq);
   } catch (...) {
@@ -106,6 +130,109 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
   // the members are destroyed does not matter. (Should the control block fail to allocate,
   // shared_ptr calls the deleter.)
   cq_ = std::shared_ptr<ibv_cq>(cq, detail::CqDeleter{std::move(channel), std::move(shared), device.shared_handle()});
+}
+
+void CompletionQueue::resize(int depth, SourceLocation where) {
+  check_not_empty_("resize", where);
+  detail::check_rc(ibv_resize_cq(cq_.get(), depth), "ibv_resize_cq(" + std::to_string(depth) + ")", where);
+}
+
+void CompletionQueue::moderate(std::uint16_t count, std::uint16_t period_us, SourceLocation where) {
+  check_not_empty_("moderate", where);
+  ibv_modify_cq_attr attr{};
+  attr.attr_mask = IBV_CQ_ATTR_MODERATE;
+  attr.moderate.cq_count = count;
+  attr.moderate.cq_period = period_us;
+  detail::check_rc(ibv_modify_cq(cq_.get(), &attr), "ibv_modify_cq(moderate)", where);
+}
+
+CompletionPoll::CompletionPoll(const CompletionQueue& cq) noexcept
+    : cq_(cq.native_handle()), cqx_(cq.cqx_), fields_(cq.fields_), legacy_(cq.legacy_poll_) {
+  current_.fields_ = fields_;
+  if (cq_ == nullptr) {
+    error_ = make_error_code(Errc::empty_object);
+    return;
+  }
+  if (cqx_ == nullptr) {
+    error_ = make_error_code(Errc::bad_argument);
+    return;
+  }
+  if (legacy_) {
+    next_();
+    return;
+  }
+  ibv_poll_cq_attr attr{};
+  const int rc = ibv_start_poll(cqx_, &attr);
+  if (rc == ENOENT) return;  // nothing ready: no ibv_end_poll (ibv_create_cq_ex(3))
+  if (rc != 0) {
+    error_ = {rc, std::generic_category()};
+    return;
+  }
+  started_ = true;
+  read_();
+}
+
+void CompletionPoll::read_() noexcept {
+  ExCompletion& c = current_;
+  const std::uint64_t f = fields_;
+  c.wr_id_ = cqx_->wr_id;
+  c.status_ = cqx_->status;
+  c.opcode_ = ibv_wc_read_opcode(cqx_);
+  c.vendor_err_ = ibv_wc_read_vendor_err(cqx_);
+  c.wc_flags_ = ibv_wc_read_wc_flags(cqx_);
+  if ((f & IBV_WC_EX_WITH_BYTE_LEN) != 0) c.byte_len_ = ibv_wc_read_byte_len(cqx_);
+  if ((f & IBV_WC_EX_WITH_IMM) != 0) c.imm_ = ibv_wc_read_imm_data(cqx_);
+  if ((f & IBV_WC_EX_WITH_QP_NUM) != 0) c.qp_num_ = ibv_wc_read_qp_num(cqx_);
+  if ((f & IBV_WC_EX_WITH_SRC_QP) != 0) c.src_qp_ = ibv_wc_read_src_qp(cqx_);
+  if ((f & IBV_WC_EX_WITH_SLID) != 0) c.slid_ = ibv_wc_read_slid(cqx_);
+  if ((f & IBV_WC_EX_WITH_SL) != 0) c.sl_ = ibv_wc_read_sl(cqx_);
+  if ((f & IBV_WC_EX_WITH_DLID_PATH_BITS) != 0) c.dlid_path_bits_ = ibv_wc_read_dlid_path_bits(cqx_);
+  if ((f & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0) c.ts_ = ibv_wc_read_completion_ts(cqx_);
+  if ((f & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) != 0) c.wallclock_ = ibv_wc_read_completion_wallclock_ns(cqx_);
+  has_ = true;
+  ++count_;
+}
+
+void CompletionPoll::next_() noexcept {
+  has_ = false;
+  if (legacy_) {
+    ibv_wc wc{};
+    const int n = ibv_poll_cq(cq_, 1, &wc);
+    if (n < 0) error_ = {-n, std::generic_category()};
+    if (n <= 0) return;
+    ExCompletion& c = current_;
+    c.wr_id_ = wc.wr_id;
+    c.status_ = wc.status;
+    c.opcode_ = wc.opcode;
+    c.vendor_err_ = wc.vendor_err;
+    c.wc_flags_ = wc.wc_flags;
+    c.byte_len_ = wc.byte_len;
+    c.imm_ = wc.imm_data;  // the union's other member is invalidated_rkey
+    c.qp_num_ = wc.qp_num;
+    c.src_qp_ = wc.src_qp;
+    c.slid_ = wc.slid;
+    c.sl_ = wc.sl;
+    c.dlid_path_bits_ = wc.dlid_path_bits;
+    has_ = true;
+    ++count_;
+    return;
+  }
+  if (!started_) return;
+  const int rc = ibv_next_poll(cqx_);
+  if (rc == 0) {
+    read_();
+    return;
+  }
+  if (rc != ENOENT) error_ = {rc, std::generic_category()};
+  finish_();
+}
+
+void CompletionPoll::finish_() noexcept {
+  has_ = false;
+  if (started_) {
+    started_ = false;
+    ibv_end_poll(cqx_);
+  }
 }
 
 bool CompletionQueue::shares_channel() const noexcept {

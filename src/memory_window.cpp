@@ -62,12 +62,19 @@ PostResult MemoryWindow::bind(QueuePair& qp, const MemoryRegion& mr, LocalSlice 
     rkey = mw_->rkey;  // the provider's new rkey
   } else {
     rkey = ibv_inc_rkey(range_.rkey);  // a type 2 bind names its new rkey itself
-    SendWr w(IBV_WR_BIND_MW, std::span<const LocalSlice>{}, o);
-    w.wr_.bind_mw.mw = mw_.get();
-    w.wr_.bind_mw.rkey = rkey;
-    w.wr_.bind_mw.bind_info = info;
-    w.no_inline_(o);
-    if (const PostResult r = qp.post(w); !r) return r;
+    if (qp.extended() && (qp.send_ops() & IBV_QP_EX_WITH_BIND_MW) != 0) {
+      // An extended QP binds through its own API (ibv_wr_bind_mw).
+      SendBatch b = qp.batch();
+      b.bind_mw_(mw_.get(), rkey, info, o);
+      if (const PostResult r = b.complete(); !r) return r;
+    } else {
+      SendWr w(IBV_WR_BIND_MW, std::span<const LocalSlice>{}, o);
+      w.wr_.bind_mw.mw = mw_.get();
+      w.wr_.bind_mw.rkey = rkey;
+      w.wr_.bind_mw.bind_info = info;
+      w.no_inline_(o);
+      if (const PostResult r = qp.post(w); !r) return r;
+    }
     // The provider names the window by ibv_mw::rkey in the next bind (rxe's kernel then
     // refuses a stale one with MW_BIND_ERR), and no provider need update it for type 2.
     mw_->rkey = rkey;

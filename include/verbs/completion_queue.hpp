@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -14,6 +16,7 @@
 
 #include "verbs/device.hpp"
 #include "verbs/error.hpp"
+#include "verbs/flags.hpp"
 
 namespace verbs {
 
@@ -95,6 +98,172 @@ ibv_cq* empty_cq() noexcept;
 }  // namespace detail
 
 class CompletionChannel;
+class CompletionQueue;
+
+/// What an extended CQ's completions carry besides wr_id, status, opcode, vendor_err and
+/// wc_flags: ibv_create_cq_ex(3)'s wc_flags (IBV_WC_EX_WITH_*). Ask only for what is read: a
+/// provider may do work for each.
+enum class WcField : std::uint64_t {
+  byte_len = IBV_WC_EX_WITH_BYTE_LEN,              ///< bytes received or read
+  imm = IBV_WC_EX_WITH_IMM,                        ///< immediate data, or the rkey a send_inv invalidated
+  qp_num = IBV_WC_EX_WITH_QP_NUM,                  ///< the local QP
+  src_qp = IBV_WC_EX_WITH_SRC_QP,                  ///< the sender's QP (UD)
+  slid = IBV_WC_EX_WITH_SLID,                      ///< the sender's LID (InfiniBand)
+  sl = IBV_WC_EX_WITH_SL,                          ///< the service level
+  dlid_path_bits = IBV_WC_EX_WITH_DLID_PATH_BITS,  ///< the destination LID path bits
+  /// The device's clock when the completion was made (only where ibv_device_attr_ex::
+  /// completion_timestamp_mask is not 0; rxe: none).
+  completion_timestamp = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+  /// The same in nanoseconds of wall-clock time (where the device has it).
+  completion_timestamp_wallclock = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK,
+};
+template <>
+/// Makes WcField a bitmask enum: Flags<WcField> (WcFields) and its operators.
+struct FlagTraits<WcField> {
+  static constexpr bool is_bitmask = true;  ///< WcField is a set of bits
+  /// Every defined WcField bit: IBV_WC_STANDARD_FLAGS (bits 0-6), COMPLETION_TIMESTAMP (7) and
+  /// its WALLCLOCK (11); a literal, since g++ warns at or-ing libibverbs' unnamed enums.
+  static constexpr std::uint64_t all = 0x8ff;
+};
+/// A set of WcField.
+using WcFields = Flags<WcField>;
+
+/// One completion of an extended CQ, read by CompletionQueue::start_poll: the fields the CQ was
+/// made with, copied out, so it stays valid after the pass moves on. A field the CQ was not
+/// made with reads as empty.
+class ExCompletion {
+ public:
+  /// The wr_id of the request this completes.
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_id_; }
+  /// Success or why the request failed.
+  [[nodiscard]] WcStatus status() const noexcept { return static_cast<WcStatus>(status_); }
+  /// True on success.
+  [[nodiscard]] bool ok() const noexcept { return status_ == IBV_WC_SUCCESS; }
+  /// What completed (meaningful on success only).
+  [[nodiscard]] WcOpcode opcode() const noexcept { return static_cast<WcOpcode>(opcode_); }
+  /// The provider's own error code, for a failed completion.
+  [[nodiscard]] std::uint32_t vendor_err() const noexcept { return vendor_err_; }
+  /// IBV_WC_* flags (GRH, WITH_IMM, ...).
+  [[nodiscard]] unsigned wc_flags() const noexcept { return wc_flags_; }
+  /// The fields it carries (the CQ's CqOptions::fields).
+  [[nodiscard]] WcFields fields() const noexcept { return WcFields(fields_); }
+  /// Bytes received (on UD including the 40-byte GRH), or read/atomic result size.
+  [[nodiscard]] std::optional<std::uint32_t> byte_len() const noexcept { return get_(WcField::byte_len, byte_len_); }
+  /// Immediate data in host byte order, if the completion carries any.
+  [[nodiscard]] std::optional<std::uint32_t> imm_data() const noexcept {
+    if ((wc_flags_ & IBV_WC_WITH_IMM) == 0) return std::nullopt;
+    return get_(WcField::imm, ntohl(imm_));
+  }
+  /// The rkey a SendWr::send_inv invalidated here (see Completion::invalidated_rkey()).
+  [[nodiscard]] std::optional<std::uint32_t> invalidated_rkey() const noexcept { return get_(WcField::imm, imm_); }
+  /// The local QP the request belonged to.
+  [[nodiscard]] std::optional<std::uint32_t> qp_num() const noexcept { return get_(WcField::qp_num, qp_num_); }
+  /// The sender's QP number (UD receives).
+  [[nodiscard]] std::optional<std::uint32_t> src_qp() const noexcept { return get_(WcField::src_qp, src_qp_); }
+  /// The sender's LID.
+  [[nodiscard]] std::optional<std::uint32_t> slid() const noexcept { return get_(WcField::slid, slid_); }
+  /// The service level.
+  [[nodiscard]] std::optional<std::uint8_t> sl() const noexcept { return get_(WcField::sl, sl_); }
+  /// The destination LID path bits.
+  [[nodiscard]] std::optional<std::uint8_t> dlid_path_bits() const noexcept {
+    return get_(WcField::dlid_path_bits, dlid_path_bits_);
+  }
+  /// The device's clock at the completion.
+  [[nodiscard]] std::optional<std::uint64_t> completion_timestamp() const noexcept {
+    return get_(WcField::completion_timestamp, ts_);
+  }
+  /// The completion's wall-clock time in nanoseconds.
+  [[nodiscard]] std::optional<std::uint64_t> completion_timestamp_wallclock() const noexcept {
+    return get_(WcField::completion_timestamp_wallclock, wallclock_);
+  }
+  /// The completion's status as an error_code (category "ibv_wc_status"); empty on success.
+  [[nodiscard]] std::error_code error_code() const noexcept {
+    return ok() ? std::error_code{} : make_error_code(status());
+  }
+
+ private:
+  friend class CompletionPoll;
+  template <typename T>
+  [[nodiscard]] std::optional<T> get_(WcField f, T v) const noexcept {
+    if ((fields_ & static_cast<std::uint64_t>(f)) == 0) return std::nullopt;
+    return v;
+  }
+  std::uint64_t wr_id_ = 0, fields_ = 0, ts_ = 0, wallclock_ = 0;
+  int status_ = 0, opcode_ = 0;
+  std::uint32_t vendor_err_ = 0, byte_len_ = 0, imm_ = 0, qp_num_ = 0, src_qp_ = 0, slid_ = 0;
+  unsigned wc_flags_ = 0;
+  std::uint8_t sl_ = 0, dlid_path_bits_ = 0;
+};
+
+/// One pass over the completions ready on an extended CQ (ibv_start_poll(3), ibv_next_poll,
+/// ibv_end_poll), from CompletionQueue::start_poll():
+///
+///     for (const verbs::ExCompletion& c : cq.start_poll()) handle(c);
+///
+/// Each step reads the next completion, and its fields, out of the CQ; the pass ends (and the
+/// provider's lock is released, ibv_end_poll) when none is left or the pass is destroyed.
+/// Never allocates or throws; a device error ends the pass and error() says which. Move-only
+/// is not offered: keep it in the scope that iterates it. Not for two threads at once.
+class CompletionPoll {
+ public:
+  CompletionPoll(const CompletionPoll&) = delete;
+  CompletionPoll& operator=(const CompletionPoll&) = delete;
+  ~CompletionPoll() { finish_(); }
+
+  /// The pass as an input range of ExCompletion.
+  class iterator {
+   public:
+    using value_type = ExCompletion;         ///< what it reads
+    using difference_type = std::ptrdiff_t;  ///< as input iterators have
+    /// The current completion (a copy the pass keeps; copy it to keep it past the next step).
+    const ExCompletion& operator*() const noexcept { return p_->current_; }
+    /// Its members.
+    const ExCompletion* operator->() const noexcept { return &p_->current_; }
+    ///@{
+    /// The next completion (ibv_next_poll), or the end of the pass.
+    iterator& operator++() noexcept {
+      p_->next_();
+      return *this;
+    }
+    void operator++(int) noexcept { p_->next_(); }
+    ///@}
+    /// True at the end of the pass.
+    friend bool operator==(const iterator& i, std::default_sentinel_t) noexcept { return i.at_end_(); }
+
+   private:
+    friend class CompletionPoll;
+    explicit iterator(CompletionPoll* p) noexcept : p_(p) {}
+    [[nodiscard]] bool at_end_() const noexcept { return !p_->has_; }
+    CompletionPoll* p_;
+  };
+  /// The first completion (where the pass is: call once).
+  [[nodiscard]] iterator begin() noexcept { return iterator(this); }
+  /// The end of the pass.
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  /// Completions read so far.
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  /// The error that ended the pass (ibv_start_poll or ibv_next_poll's errno, Errc::empty_object
+  /// for a moved-from CQ, Errc::bad_argument for one made without CqOptions::extended); empty
+  /// when it ended because none was left.
+  [[nodiscard]] std::error_code error() const noexcept { return error_; }
+
+ private:
+  friend class CompletionQueue;
+  explicit CompletionPoll(const CompletionQueue& cq) noexcept;
+  void read_() noexcept;
+  void next_() noexcept;
+  void finish_() noexcept;
+
+  ibv_cq* cq_ = nullptr;
+  ibv_cq_ex* cqx_ = nullptr;
+  std::uint64_t fields_ = 0;
+  ExCompletion current_;
+  std::size_t count_ = 0;
+  std::error_code error_;
+  bool has_ = false;      // current_ holds a completion
+  bool started_ = false;  // between ibv_start_poll's success and ibv_end_poll
+  bool legacy_ = false;   // read through ibv_poll_cq (rxe: CompletionQueue::start_poll)
+};
 
 /// Options of a CompletionQueue.
 struct CqOptions {
@@ -107,6 +276,11 @@ struct CqOptions {
   CompletionChannel* channel = nullptr;
   /// cq_context: what CqEvent::context and AsyncEvent::context() give for this CQ.
   void* context = nullptr;
+  /// Create with ibv_create_cq_ex(3), carrying `fields`, for start_poll(); poll() works too.
+  bool extended = false;
+  /// The fields an extended CQ's completions carry (WcField). Timestamps are refused before
+  /// creation where the device has none (completion_timestamp_mask 0).
+  WcFields fields = WcField::byte_len | WcField::imm | WcField::qp_num;
 };
 
 /// A completion queue. Move-only; kept alive by the queue pairs that use it.
@@ -123,9 +297,13 @@ class CompletionQueue {
   ///@{
   /// Move-only: the moved-from object is empty. Polling or waiting on it fails with
   /// Errc::empty_object; native_handle() is null.
-  CompletionQueue(CompletionQueue&& o) noexcept : cq_(std::exchange(o.cq_, empty_handle_())) {}
+  CompletionQueue(CompletionQueue&& o) noexcept
+      : cq_(std::exchange(o.cq_, empty_handle_())),
+        cqx_(std::exchange(o.cqx_, nullptr)),
+        fields_(std::exchange(o.fields_, 0)),
+        legacy_poll_(std::exchange(o.legacy_poll_, false)) {}
   CompletionQueue& operator=(CompletionQueue&& o) noexcept {
-    cq_ = std::exchange(o.cq_, empty_handle_());
+    CompletionQueue(std::move(o)).swap(*this);
     return *this;
   }
   ///@}
@@ -133,7 +311,12 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
   ~CompletionQueue() = default;
   /// Exchanges two CompletionQueues.
-  void swap(CompletionQueue& o) noexcept { cq_.swap(o.cq_); }
+  void swap(CompletionQueue& o) noexcept {
+    cq_.swap(o.cq_);
+    std::swap(cqx_, o.cqx_);
+    std::swap(fields_, o.fields_);
+    std::swap(legacy_poll_, o.legacy_poll_);
+  }
 
   /// Polls up to out.size() completions; returns the filled front of `out`, empty when none is
   /// ready. Never allocates or blocks. On a device error (negative return) sets `ec`.
@@ -226,6 +409,23 @@ class CompletionQueue {
   /// Entries the device actually gave the CQ (at least the depth asked for).
   [[nodiscard]] int capacity() const noexcept { return cq_->cqe; }
 
+  /// An extended CQ (CqOptions::extended): start_poll() reads it.
+  [[nodiscard]] bool extended() const noexcept { return cqx_ != nullptr; }
+  /// The fields its completions carry (empty when not extended).
+  [[nodiscard]] WcFields fields() const noexcept { return WcFields(fields_); }
+  /// One pass over the ready completions of an extended CQ (CompletionPoll). On rxe the pass
+  /// reads through ibv_poll_cq: rxe's ibv_next_poll before rdma-core 55 moves the consumer
+  /// index past the last completion when it finds no next, and ibv_end_poll then moves it
+  /// again, so the next pass reads entries the device never wrote.
+  [[nodiscard]] CompletionPoll start_poll() const noexcept;
+  /// ibv_resize_cq(3): room for at least `depth` entries; completions waiting are kept.
+  /// Throws Error with the errno (EINVAL below the completions waiting or over max_cqe).
+  void resize(int depth, SourceLocation where = SourceLocation::current());
+  /// ibv_modify_cq(3) moderation: an event (completion channel) once `count` completions
+  /// have arrived or `period_us` microseconds have passed since the first. Throws Error with the
+  /// errno; EOPNOTSUPP where the device does not moderate (rxe).
+  void moderate(std::uint16_t count, std::uint16_t period_us, SourceLocation where = SourceLocation::current());
+
   /// The C handle; null for a moved-from CompletionQueue.
   [[nodiscard]] ibv_cq* native_handle() const noexcept { return *this ? cq_.get() : nullptr; }
   /// Shared ownership of the CQ, for the QPs that use it.
@@ -239,7 +439,13 @@ class CompletionQueue {
   [[noreturn, gnu::cold, gnu::noinline]] void throw_poll_error_(int rc) const;
   void check_not_empty_(const char* what, SourceLocation where) const;
   std::shared_ptr<ibv_cq> cq_;  // deleter (CqDeleter for a CQ made here) holds the channel and the device context
+  friend class CompletionPoll;
+  ibv_cq_ex* cqx_ = nullptr;    // the extended CQ (CqOptions::extended)
+  std::uint64_t fields_ = 0;    // its wc_flags
+  bool legacy_poll_ = false;    // rxe: start_poll() reads through ibv_poll_cq
 };
+
+inline CompletionPoll CompletionQueue::start_poll() const noexcept { return CompletionPoll(*this); }
 
 /// Exchanges two CompletionQueues.
 inline void swap(CompletionQueue& a, CompletionQueue& b) noexcept { a.swap(b); }

@@ -839,6 +839,7 @@ class SendBatch {
 
  private:
   friend class QueuePair;
+  friend class MemoryWindow;  // binds a type 2 window through ibv_wr_bind_mw (bind_mw_)
   [[gnu::always_inline]] explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
     if (qpx_ == nullptr) [[unlikely]]
       failed_ = PostResult::rejected(qp.qp_ ? Errc::qp_not_extended : Errc::empty_object, 0);
@@ -846,6 +847,11 @@ class SendBatch {
       ibv_wr_start(qpx_);
       open_ = true;
     }
+  }
+  // A type 2 window's bind (ibv_wr_bind_mw(3)), checked as the post of IBV_WR_BIND_MW is.
+  void bind_mw_(ibv_mw* mw, std::uint32_t rkey, const ibv_mw_bind_info& info, const PostOptions& o) noexcept {
+    if (admit_(IBV_WR_BIND_MW, o.inline_data ? Errc::inline_not_allowed : Errc{}, 0, o, false))
+      ibv_wr_bind_mw(qpx_, mw, rkey, &info);
   }
   [[gnu::always_inline]] static Errc atomic_error_(std::uint64_t result_length, const RemoteSlice& t,
                                                    const PostOptions& o) noexcept {

@@ -191,6 +191,28 @@ TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
   EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 11));
 }
 
+// On an extended QP a type 2 bind goes through ibv_wr_bind_mw: the same window, rkey and access.
+TEST_F(Window, Type2BindOnAnExtendedQpGoesThroughIbvWrBindMw) {
+  need_type2();
+  QpPair p(*dev, *pd, {.access = all_access, .extended = true});
+  ASSERT_NE(p.b.send_ops() & IBV_QP_EX_WITH_BIND_MW, 0u);
+  MemoryWindow w(*pd);
+  const std::uint32_t before = w.rkey();
+  bind(w, p.b, p.cq_b, 4096, 8192);
+  EXPECT_NE(w.rkey(), before);
+  EXPECT_EQ(w.remote().length, 8192u);
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), w.remote().slice(8192 - 64, 64), {.wr_id = 3})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 3));
+  EXPECT_TRUE(same_bytes(target->bytes().subspan(4096 + 8192 - 64, 64), src->bytes().first(64)));
+  // Refused before posting as on the plain path: bound already.
+  EXPECT_TRUE(rejected(w.bind(p.b, *target, target->slice(0, 64), kWindowRights), Errc::mw_bind_not_allowed));
+  ASSERT_TRUE(posted(w.invalidate(p.b, {.wr_id = 78})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_b), WcOpcode::local_inv, 78));
+  bind(w, p.b, p.cq_b, 0, 4096);  // and again, under a new rkey
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), w.remote().slice(0, 64), {.wr_id = 4})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 4));
+}
+
 // The same two invalidations posted through the extended API (SendBatch) on extended QPs.
 TEST_F(Window, SendWithInvalidateAndLocalInvalidateThroughABatch) {
   need_type2();
