@@ -100,6 +100,38 @@ TEST_F(ExtendedCq, PassAfterPassReadsEachCompletionOnceAndNothingElse) {
   }
 }
 
+// A pass left early (ibv_end_poll at its end of scope) leaves the rest for the next one.
+TEST_F(ExtendedCq, APassLeftEarlyLeavesTheRestForTheNext) {
+  QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .extended = true});
+  for (std::uint64_t i = 1; i <= 5; ++i)
+    ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 8), dst->remote().slice(0, 8), {.wr_id = i})));
+  std::this_thread::sleep_for(200ms);  // all five in the CQ
+  std::vector<std::uint64_t> ids;
+  {
+    verbs::CompletionPoll pass = p.cq_a.start_poll();
+    for (const ExCompletion& c : pass) {
+      ids.push_back(c.wr_id());
+      if (ids.size() == 2) break;
+    }
+    EXPECT_EQ(pass.count(), 2u);
+  }
+  for (const ExCompletion& c : collect_ex(p.cq_a, 3)) ids.push_back(c.wr_id());
+  EXPECT_EQ(ids, (std::vector<std::uint64_t>{1, 2, 3, 4, 5}));
+}
+
+TEST_F(ExtendedCq, AFailedCompletionSaysWhy) {
+  QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .extended = true});
+  verbs::RemoteSlice bad = dst->remote().slice(0, 8);
+  bad.rkey ^= 0x5a5a00;
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 8), bad, {.wr_id = 9})));
+  const std::vector<ExCompletion> got = collect_ex(p.cq_a, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id(), 9u);
+  EXPECT_FALSE(got[0].ok());
+  EXPECT_EQ(got[0].status(), verbs::WcStatus::rem_access_err);
+  EXPECT_EQ(got[0].error_code(), std::error_code(verbs::WcStatus::rem_access_err));
+}
+
 TEST_F(ExtendedCq, TimestampsOnlyWhereTheDeviceHasThem) {
   const std::uint64_t mask = dev->attributes().completion_timestamp_mask;
   if (mask == 0) {
