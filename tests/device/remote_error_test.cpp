@@ -94,6 +94,36 @@ TEST_F(RemoteError, ReadFromAQpWithoutRemoteReadAccessIsAnInvalidRequest) {
   EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
 }
 
+// rdma-core's tests/test_atomic.py: an atomic with a bad rkey, and on a QP that grants no
+// remote atomics.
+TEST_F(RemoteError, AtomicWithABadRkeyIsARemoteAccessError) {
+  QpPair p = pair();
+  ASSERT_TRUE(posted(p.a.post_fetch_add(src->slice(0, 8), bad_rkey().slice(0, 8), 1, {.wr_id = 66})));
+  EXPECT_TRUE(failed_with(expect_completion(p.cq_a), WcStatus::rem_access_err, 66));
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+}
+
+TEST_F(RemoteError, AtomicOnAQpWithoutRemoteAtomicAccessIsAnInvalidRequest) {
+  QpPair p = pair(Access::local_write | Access::remote_write | Access::remote_read);
+  ASSERT_TRUE(posted(p.a.post_compare_swap(src->slice(0, 8), dst->remote().slice(0, 8), 0, 5, {.wr_id = 67})));
+  EXPECT_TRUE(failed_with(expect_completion(p.cq_a), WcStatus::rem_inv_req_err, 67));
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+}
+
+// tests/test_qp.py's bad lkey: the local side refuses its own SGE. The specification's status
+// is LOC_PROT_ERR; rxe 6.1 reports LOC_QP_OP_ERR. Either way nothing lands and the QP is in ERR.
+TEST_F(RemoteError, ABadLkeyFailsLocallyAndNothingLands) {
+  QpPair p = pair();
+  const verbs::LocalSlice s = src->slice(0, 64);
+  const verbs::LocalSlice bad{s.addr(), s.length(), s.lkey() ^ 0x5a00};
+  ASSERT_TRUE(posted(p.a.post_write(bad, dst->remote().slice(0, 64), {.wr_id = 68})));
+  const Completion c = expect_completion(p.cq_a);
+  EXPECT_TRUE(failed_with(c, WcStatus::loc_prot_err, 68) || failed_with(c, WcStatus::loc_qp_op_err, 68))
+      << describe(c);
+  EXPECT_TRUE(all_bytes(dst->bytes(), std::byte{0}));
+  EXPECT_EQ(p.a.query_state(), QpState::err);
+}
+
 TEST_F(RemoteError, LaterRequestsInTheChainAreFlushed) {
   QpPair p = pair();
   std::vector<SendWr> chain{
