@@ -60,6 +60,25 @@ TEST_F(UnreliableDatagram, SendArrivesAfterTheFortyByteGrh) {
   EXPECT_TRUE(all_bytes(dst->bytes().subspan(kGrh + 300, 100), std::byte{0}));
 }
 
+// rdma-core's tests/test_cq_events.py for UD: the receiver sleeps on its completion channel.
+TEST_F(UnreliableDatagram, AReceiverSleepingOnItsChannelWakesForTheDatagram) {
+  QpPair q(*dev, *pd, verbs::QpOptions{.type = QpType::ud}, QpPair::fast(), {.depth = 64, .with_channel = true});
+  const verbs::Endpoint b = q.b.endpoint();
+  const verbs::AddressHandle ah(*pd, {.dgid = b.gid, .dlid = b.lid, .sgid_index = static_cast<std::uint8_t>(q.a.gid_index())});
+  ASSERT_TRUE(posted(q.b.post_recv(dst->slice(0, kGrh + 256), 5)));
+  std::array<Completion, 1> buf{};
+  EXPECT_TRUE(q.cq_b.wait(buf, 100ms).empty()) << "nothing sent yet";
+  SendWr w = SendWr::send(src->slice(0, 200), {.wr_id = 6});
+  w.to(ah, b.qp_num, b.qkey);
+  ASSERT_TRUE(posted(q.a.post(w)));
+  const auto got = q.cq_b.wait(buf, 10s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(completed(got[0], WcOpcode::recv, 5));
+  EXPECT_EQ(got[0].byte_len(), 200 + kGrh);
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(kGrh, 200), src->bytes().first(200)));
+  EXPECT_EQ(q.cq_a.wait(buf, 10s).size(), 1u);
+}
+
 TEST_F(UnreliableDatagram, ReplyGoesBackThroughAnAddressHandleMadeFromTheCompletion) {
   const verbs::AddressHandle ah = ah_to_b();
   ASSERT_TRUE(posted(p->b.post_recv(dst->slice(0, kGrh + 512), 3)));
