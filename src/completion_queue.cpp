@@ -165,7 +165,7 @@ CompletionPoll::CompletionPoll(const CompletionQueue& cq) noexcept
   const int rc = ibv_start_poll(cqx_, &attr);
   if (rc == ENOENT) return;  // nothing ready: no ibv_end_poll (ibv_create_cq_ex(3))
   if (rc != 0) {
-    error_ = {rc, std::generic_category()};
+    error_ = {detail::rc_to_errno(rc), std::generic_category()};
     return;
   }
   started_ = true;
@@ -198,7 +198,7 @@ void CompletionPoll::next_() noexcept {
   if (legacy_) {
     ibv_wc wc{};
     const int n = ibv_poll_cq(cq_, 1, &wc);
-    if (n < 0) error_ = {-n, std::generic_category()};
+    if (n < 0) error_ = {detail::rc_to_errno(n), std::generic_category()};
     if (n <= 0) return;
     ExCompletion& c = current_;
     c.wr_id_ = wc.wr_id;
@@ -223,7 +223,7 @@ void CompletionPoll::next_() noexcept {
     read_();
     return;
   }
-  if (rc != ENOENT) error_ = {rc, std::generic_category()};
+  if (rc != ENOENT) error_ = {detail::rc_to_errno(rc), std::generic_category()};
   finish_();
 }
 

@@ -219,10 +219,10 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
 }
 
 QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted,
-                           QpState state) {
+                           QpState state, std::uint64_t send_ops) {
   QueuePair q;
   q.qp_ = std::move(qp);
-  q.setup_(options, granted, SourceLocation::current(), options.extended ? ~std::uint64_t{0} : 0);
+  q.setup_(options, granted, SourceLocation::current(), send_ops);
   q.set_state_(static_cast<std::uint8_t>(state));
   return q;
 }
@@ -264,8 +264,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
     if (qpx_ == nullptr)
       detail::throw_error(make_error_code(Errc::qp_not_extended),
                           "QueuePair: QpOptions::extended, but the QP is no extended one (ibv_qp_to_qp_ex)", where);
-    // Adopted: what the type allows (the creator is trusted to have asked for it).
-    ext_ops_ = ops != ~std::uint64_t{0} ? ops : send_ops_for(o.type, dev, true);
+    ext_ops_ = ops;  // what the QP was made with (adopted: what its creator says)
     split_sge_ = dev.orig_attr.vendor_id == kRxeVendor;
   }
   set_state_(state_);
@@ -306,7 +305,7 @@ void SendBatch::post_alone_(const SendWr& w, std::uint32_t index) noexcept {
   if (index > first_) {
     open_ = false;
     if (const int rc = ibv_wr_complete(qpx_); rc != 0) {
-      failed_ = PostResult::device_error(rc, first_);
+      failed_ = PostResult::device_error(detail::rc_to_errno(rc), first_);
       return;
     }
   } else {

@@ -64,9 +64,10 @@ Local options:
                          busy-polling, as perftest's -e; each side chooses for itself.
                          write_lat still watches memory for the peer's message, as perftest's
       --wr-api           post through the extended QP API (verbs::SendBatch: ibv_wr_start,
-                         ibv_wr_*, ibv_wr_complete), as perftest does by default; without it,
-                         ibv_post_send (verbs::QueuePair::post), as perftest's
-                         --use_old_post_send. Each side chooses for itself
+                         ibv_wr_*, ibv_wr_complete), as perftest does by default on the
+                         devices it knows; without it, ibv_post_send (verbs::QueuePair::post),
+                         as perftest on the others (rxe) or with --use_old_post_send. Each
+                         side chooses for itself
       --bind ADDR        -R: the local address (default: server, the first with an RDMA
                          device; client, the one routed to HOST)
       --json FILE        write the results as JSON (client)

@@ -202,8 +202,11 @@ class ExCompletion {
 ///
 /// Each step reads the next completion, and its fields, out of the CQ; the pass ends (and the
 /// provider's lock is released, ibv_end_poll) when none is left or the pass is destroyed.
-/// Never allocates or throws; a device error ends the pass and error() says which. Move-only
-/// is not offered: keep it in the scope that iterates it. Not for two threads at once.
+/// Never allocates or throws; a device error ends the pass and error() says which. Neither
+/// copied nor moved: keep it in the scope that iterates it. Not for two threads at once.
+/// During a pass the provider may hold the CQ's lock (mlx5 does): touch the CQ no other way
+/// from that thread (poll, wait, drain_and_arm, resize, another start_poll) until the pass
+/// ends, or it deadlocks; other threads' polls wait.
 class CompletionPoll {
  public:
   CompletionPoll(const CompletionPoll&) = delete;

@@ -298,10 +298,12 @@ class QueuePair {
                                                   const QpOptions& options) noexcept;
   /// Wraps a QP created elsewhere. `qp`'s deleter destroys it and must keep alive whatever the QP
   /// uses (PD, CQs, SRQ, a cm id); `granted` is the capacity its creation wrote back, `state`
-  /// the state it is in (query_state() reads the device's view). Only ibv_query_port,
-  /// ibv_query_device_ex and, on RoCE, the GID choice are asked of the device.
+  /// the state it is in (query_state() reads the device's view). With QpOptions::extended the
+  /// QP must be an extended one (ibv_create_qp_ex), and `send_ops` the send_ops_flags it was
+  /// made with: a batch() refuses what they lack (the provider has no function for it). Only
+  /// ibv_query_port, ibv_query_device_ex and, on RoCE, the GID choice are asked of the device.
   [[nodiscard]] static QueuePair adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
-                                       const ibv_qp_cap& granted, QpState state);
+                                       const ibv_qp_cap& granted, QpState state, std::uint64_t send_ops = 0);
 
   ///@{
   /// Move-only: the moved-from QP is empty, and refuses every post (Errc::empty_object) and
@@ -587,7 +589,7 @@ class QueuePair {
     else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (key & SendWr::ud_bit) == 0)
       e = Errc::ud_needs_address;
     else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
-    else if (batch && ((batch_allowed_ >> key) & 1u) == 0) e = Errc::qp_not_extended;
+    else if (batch && ((batch_allowed_ >> (key & ~unsigned{SendWr::one_sge_bit})) & 1u) == 0) e = Errc::qp_not_extended;
     else if (static_cast<std::uint32_t>(num_sge) > max_send_sge_) e = Errc::too_many_sge;
     else if (inline_data && total > max_inline_) e = Errc::inline_too_large;
     else if ((key & SendWr::ud_bit) != 0 && total > ud_max_) e = Errc::ud_message_too_large;
@@ -654,7 +656,8 @@ class QueuePair {
 /// (ibv_wr_complete), so order holds, and the batch goes on after it. A request inline from
 /// several slices takes that path on every device. If a request after such a split fails a
 /// check, complete() posts the requests before it (not only those before the split), and
-/// PostResult::posted() says so.
+/// PostResult::posted() says so; a batch abandoned after a split (never completed) has posted
+/// what came up to the split, and aborts the rest.
 class SendBatch {
  public:
   SendBatch(const SendBatch&) = delete;
@@ -822,7 +825,7 @@ class SendBatch {
       if (failed_.posted() > first_) {
         if (const int rc = ibv_wr_complete(qpx_); rc != 0) {
           failed_ = PostResult::rejected(Errc::batch_closed, count_);
-          return PostResult::device_error(rc, first_);
+          return PostResult::device_error(detail::rc_to_errno(rc), first_);
         }
       } else {
         ibv_wr_abort(qpx_);
@@ -830,7 +833,8 @@ class SendBatch {
       return closed_();
     }
     failed_ = PostResult::rejected(Errc::batch_closed, count_);
-    if (const int rc = ibv_wr_complete(qpx_); rc != 0) [[unlikely]] return PostResult::device_error(rc, first_);
+    if (const int rc = ibv_wr_complete(qpx_); rc != 0) [[unlikely]]
+      return PostResult::device_error(detail::rc_to_errno(rc), first_);
     return {};
   }
 

@@ -53,7 +53,8 @@ class [[nodiscard]] PostResult {
     return {value_, std::generic_category()};
   }
   /// Index in the chain of the request that failed. Requests before it were posted when the
-  /// device refused it (ibv_post_send's bad_wr); none was posted when a check failed.
+  /// device refused it (ibv_post_send's bad_wr); none was posted when a check failed (except
+  /// in a split SendBatch: posted()).
   [[nodiscard]] constexpr std::uint32_t failed_index() const noexcept { return index_; }
   /// How many requests of the chain went to the device: those before failed_index() when the
   /// device refused one; none when a check failed, except in a SendBatch that a multi-SGE

@@ -195,6 +195,37 @@ TEST(SendBatchStub, StateAndDeviceChecks) {
   }
 }
 
+// An adopted extended QP takes only the operations its creator says it was made with: the
+// provider has no function for the others (rxe leaves them null).
+TEST(SendBatchStub, AnAdoptedQpRefusesWhatItsSendOpsLack) {
+  verbs_stub::Provider stub;
+  stub.make_extended();
+  stub.qp_ex.wr_rdma_read = nullptr;  // as a provider does for an operation not asked for
+  verbs::QueuePair qp = verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&stub.qp, [](ibv_qp*) {}), kExtended,
+                                                caps(1), QpState::rts,
+                                                IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND);
+  EXPECT_EQ(qp.send_ops(), std::uint64_t{IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND});
+  EXPECT_TRUE(refused(qp.batch().read(kSrc, kDst).complete(), Errc::qp_not_extended, 0));
+  EXPECT_TRUE(refused(qp.batch().fetch_add(kResult, kTarget, 1).complete(), Errc::qp_not_extended, 0));
+  EXPECT_TRUE(qp.batch().write(kSrc, kDst).send(kSrc).complete().ok());
+  EXPECT_EQ(stub.ex_posted.size(), 2u);
+  // Adopted as extended without its send_ops: every request refused, none reaching the provider.
+  verbs::QueuePair bare =
+      verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&stub.qp, [](ibv_qp*) {}), kExtended, caps(1), QpState::rts);
+  EXPECT_TRUE(refused(bare.batch().write(kSrc, kDst).complete(), Errc::qp_not_extended, 0));
+  EXPECT_EQ(stub.ex_posted.size(), 2u);
+}
+
+// A QP without send SGEs refuses a one-slice request as post() does, not as "not extended".
+TEST(SendBatchStub, NoSendSgeIsTooManySgeAsForPost) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(kExtended, QpState::rts, caps(0));
+  const PostResult direct = qp.post_write(kSrc, kDst);
+  ASSERT_EQ(direct.error(), std::error_code(Errc::too_many_sge));
+  EXPECT_TRUE(refused(qp.batch().write(kSrc, kDst).complete(), Errc::too_many_sge, 0));
+  EXPECT_TRUE(qp.batch().local_inv(5).complete().ok()) << "no SGE needed";
+}
+
 TEST(SendBatchStub, AtomicWriteOnlyWhereTheDeviceReportsIt) {
   {
     verbs_stub::Provider stub;

@@ -110,8 +110,19 @@ struct Provider {
                                                     .max_recv_sge = 1, .max_inline_data = 0}) {
     qp.qp_type = static_cast<ibv_qp_type>(o.type);
     qp.state = static_cast<ibv_qp_state>(state);
-    if (o.extended) make_extended();
-    return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state);
+    std::uint64_t ops = 0;
+    if (o.extended) {
+      make_extended();
+      // What a provider would be asked for: every operation, atomics and atomic write as the
+      // stub's device reports them.
+      ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+            IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
+            IBV_QP_EX_WITH_SEND_WITH_INV;
+      if (atomic_cap != IBV_ATOMIC_NONE) ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+      if ((device_cap_flags_ex & (1ULL << 40)) != 0) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+      if (o.type == verbs::QpType::ud) ops &= IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    }
+    return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state, ops);
   }
   /// The stub context as a verbs::Device (it asks for the device attributes only).
   verbs::Device device_handle() {
