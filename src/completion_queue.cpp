@@ -115,7 +115,7 @@ CompletionQueue::CompletionQueue(const Device& device, CqOptions options, Source
     cq = ibv_cq_ex_to_cq(cqx);
     cqx_ = cqx;
     fields_ = want;
-    legacy_poll_ = dev.orig_attr.vendor_id == 0xffffff;  // rxe (RXE_VENDOR_ID): see start_poll()
+    legacy_poll_ = detail::is_rxe(dev);  // see start_poll()
   } else {
     cq = detail::check_ptr(ibv_create_cq(ctx, options.depth, options.context, ch, options.comp_vector), "ibv_create_cq",
                            where);

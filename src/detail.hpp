@@ -21,6 +21,10 @@
 
 namespace verbs::detail {
 
+/// True for SoftRoCE (rxe's vendor_id, RXE_VENDOR_ID in the kernel), whose provider in rdma-core
+/// 44 gets ibv_wr_set_sge_list and ibv_next_poll/ibv_end_poll wrong (SendBatch, start_poll).
+inline bool is_rxe(const ibv_device_attr_ex& dev) noexcept { return dev.orig_attr.vendor_id == 0xffffff; }
+
 inline void put_le(std::byte* p, std::uint64_t v, int n) noexcept {
   for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
 }

@@ -34,8 +34,6 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
 // The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (device_cap_flags_ex), which rdma-core 44's
 // headers do not name yet.
 constexpr std::uint64_t kDeviceAtomicWrite = 1ULL << 40;
-// rxe's vendor_id (RXE_VENDOR_ID in the kernel).
-constexpr std::uint32_t kRxeVendor = 0xffffff;
 
 /// The send operations an extended QP of type `t` is made with: those posts allow on the type
 /// (allowed_ops), and atomic write where the device reports it.
@@ -265,7 +263,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
       detail::throw_error(make_error_code(Errc::qp_not_extended),
                           "QueuePair: QpOptions::extended, but the QP is no extended one (ibv_qp_to_qp_ex)", where);
     ext_ops_ = ops;  // what the QP was made with (adopted: what its creator says)
-    split_sge_ = dev.orig_attr.vendor_id == kRxeVendor;
+    split_sge_ = detail::is_rxe(dev);
   }
   set_state_(state_);
 

@@ -18,6 +18,7 @@
 #include <verbs/queue_pair.hpp>
 
 #include "support/stub_provider.hpp"
+#include "support/stub_requests.hpp"
 
 namespace {
 
@@ -29,18 +30,14 @@ using verbs::QpState;
 using verbs::QpType;
 using verbs::RemoteSlice;
 using verbs::SendWr;
-
-const LocalSlice kSrc{0x1000, 64, 0x11};
-const RemoteSlice kDst{.addr = 0x20000, .length = 128, .rkey = 0x22};
-const LocalSlice kResult{0x4000, 8, 0x44};
-const RemoteSlice kTarget{.addr = 0x30008, .length = 8, .rkey = 0x33};
+using verbs_stub::caps;
+using verbs_stub::kDst;
+using verbs_stub::kResult;
+using verbs_stub::kSrc;
+using verbs_stub::kTarget;
 
 const QpOptions kExtended{.extended = true};
 
-ibv_qp_cap caps(std::uint32_t send_sge, std::uint32_t inline_data = 0) {
-  return {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = send_sge, .max_recv_sge = 1,
-          .max_inline_data = inline_data};
-}
 
 ::testing::AssertionResult refused(const PostResult& r, Errc why, std::uint32_t index, std::uint32_t posted = 0) {
   if (r.ok()) return ::testing::AssertionFailure() << "posted";
