@@ -25,8 +25,9 @@
 #                         fails within the retry bound; host a boots again and the next connection
 #                         works
 #   server_survives       the server on host b, its client on host a; host a powered off: the
-#                         server drops that connection within its idle limit and, once host a is
-#                         back, serves the next client
+#                         server drops that connection within its idle limit of the client's last
+#                         message (the server's own measure) and, once host a is back, serves the
+#                         next client
 #   connect_down_host     connecting to host a while it is off: an address-resolution failure
 #                         within the connect's time limits
 #   connect_no_listener   connecting to a port nobody listens on: rejected at once
@@ -281,17 +282,29 @@ case $case_name in
     sleep 3
     grep -q 'messages echoed; ' "$work/server.out" && fail "the client's connection ended before host a lost power"
     t=$(now_ms)
-    "$pair" poweroff && echo "host a powered off"
-    # The server's connection waits for the next message: it is dropped at the idle limit (its
-    # echo may fail first, with the transport's retries).
+    "$pair" poweroff && echo "host a powered off ($(($(now_ms) - t)) ms to ask and see it done)"
+    off=$(now_ms)
+    # The server's connection waits for the next message: it is dropped at the idle limit, counted
+    # from the last message (its echo may fail first, with the transport's retries).
+    drop='messages echoed; (silent for 5 s: dropped|.*transport retry counter exceeded)'
     deadline=$((SECONDS + 20))
-    until grep -Eq 'messages echoed; (silent for 5 s: dropped|.*transport retry counter exceeded)' "$work/server.out" ||
-          ((SECONDS >= deadline)); do sleep 0.2; done
-    took=$(($(now_ms) - t))
-    echo "the server dropped the lost client $took ms after host a lost power"
-    grep -Eq 'messages echoed; (silent for 5 s: dropped|.*transport retry counter exceeded)' "$work/server.out" ||
+    until grep -Eq "$drop" "$work/server.out" || ((SECONDS >= deadline)); do sleep 0.2; done
+    echo "the server dropped the lost client $(($(now_ms) - t)) ms after host a's power-off was asked for"
+    if ! grep -Eq "$drop" "$work/server.out"; then
       fail "the server did not drop the lost client within 20 s"
-    ((took <= 5000 + 3000)) || fail "the server took $took ms to drop the lost client (idle limit 5 s)"
+    elif line=$(grep -E 'silent for 5 s: dropped' "$work/server.out"); then
+      # The server's own figures: its wait ended at its time limit, and the silence began before
+      # host a was off. (From the request to the drop took 6.2 s in most runs, 9.1 s in one: the
+      # two VMs share two CPUs, and that figure holds the test's own steps, so it is printed, not
+      # bounded by more than the 20 s above.)
+      re='the wait took ([0-9]+) ms, ([0-9]+) ms since the last message; at ([0-9]+)'
+      [[ $line =~ $re ]] || fail "no figures in the server's line: $line"
+      waited=${BASH_REMATCH[1]} silent=${BASH_REMATCH[2]} at=${BASH_REMATCH[3]}
+      echo "the server's wait took $waited ms; $silent ms of silence since the client's last message"
+      ((waited >= 5000)) || fail "the server's 5 s wait returned after $waited ms"
+      ((silent <= 5000 + 3000)) || fail "the server dropped the client $silent ms after its last message (idle limit 5 s)"
+      ((at - silent <= off)) || fail "the server heard host a $((at - silent - off)) ms after it was off"
+    fi
     "$pair" boot && echo "host a booted again"
     "$pair" run -t 120 "$peer" run "$b" -n 20 >"$work/next" 2>&1 || fail "the next client (host a, booted again) failed"
     cat "$work/next"

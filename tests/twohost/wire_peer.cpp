@@ -6,7 +6,8 @@
 // The server accepts connections until --clients have come (default: forever), each served on
 // its own thread: it exposes a region of its own to that client (remote read, write and atomic)
 // and echoes every message the client sends, after checking its checksum. A connection that
-// fails, or whose client stays silent for --idle seconds (default 10), is dropped and said so;
+// fails, or whose client stays silent for --idle seconds (default 10), is dropped and said so
+// (for silence: how long its wait took, how long since the last message, and the wall clock);
 // the server goes on accepting. --echo-delay holds each echo back (a server that takes its time to
 // answer: its client spends the round waiting, probing).
 //
@@ -108,13 +109,24 @@ void serve_one(verbs::cm::Connection conn, [[maybe_unused]] std::shared_ptr<verb
   const std::string peer = conn.peer_address();
   std::uint64_t echoed = 0;
   std::string why;
+  // When the last message came (or the connection was accepted), to say how long the silence
+  // that ended it lasted: the idle limit, measured here, apart from how long the test's own
+  // steps (powering a host off) took.
+  auto heard = std::chrono::steady_clock::now();
   try {
     for (;;) {
+      const auto waiting = std::chrono::steady_clock::now();
       const auto wc = conn.wait_one(conn.recv_cq(), std::chrono::seconds(idle));
       if (!wc) {
-        why = "silent for " + std::to_string(idle) + " s: dropped";
+        const auto now = std::chrono::steady_clock::now();
+        const auto ms = [&](auto since) {
+          return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count());
+        };
+        why = "silent for " + std::to_string(idle) + " s: dropped (the wait took " + ms(waiting) + " ms, " + ms(heard) +
+              " ms since the last message; at " + std::to_string(wall_ms()) + ")";
         break;
       }
+      heard = std::chrono::steady_clock::now();
       wc->throw_if_failed();
       const std::size_t slot = wc->wr_id();
       const std::byte* m = bufs->bytes().data() + slot * kMaxMsg;
