@@ -13,7 +13,8 @@
 #              VERBS_EXAMPLE_TIMEOUT (seconds any one process may run, default 90),
 #              VERBS_TEST_WRAPPER (a command each example runs under, e.g. valgrind and its
 #              options; split at spaces), VERBS_TEST_TIMEOUT_SCALE (an integer every time limit
-#              is multiplied by, default 1: valgrind is about 6x slower under TCG).
+#              is multiplied by, default 1: valgrind is about 6x slower under TCG), the
+#              examples' own -t (30 s) included.
 #
 # The server listens on a port it picks (-p 0) and prints "NAME: listening on ADDR:PORT"; the
 # clients start once that line is there, several at once where the example is about several
@@ -54,6 +55,10 @@ start() {
   local label=$1 remote=()
   shift
   [ "$label" = server ] && remote=("${on_server[@]}")
+  # Scaled runs scale the programs' own limit on any one wait for the peer (-t, default 30 s)
+  # too: four clients under valgrind in the VM took 35 s from the server's "listening" line to
+  # their first request, and the server had given up at 30 s.
+  ((scale > 1)) && set -- -t $((30 * scale)) "$@"
   echo "\$ $prog $*   # $label${remote[*]:+ (on $server_addr)}"
   "${remote[@]}" timeout -k 5 "$limit" "${wrapper[@]}" "$bin/$prog" "$@" >"$work/$label.out" 2>"$work/$label.err" &
   pids+=($!)
