@@ -259,6 +259,82 @@ PortInfo Device::port(std::uint8_t port_num) const {
   detail::require_not_empty(ctx_ != nullptr, "Device::port: the Device", SourceLocation::current());
   return detail::query_port(ctx_.get(), port_num);
 }
+ForkSafety fork_init(SourceLocation where) {
+  // Where the kernel copies pinned pages on fork, there is nothing to do, and ibv_fork_init
+  // would still fail with EINVAL once anything is registered (rdma-core 44).
+  if (fork_safety() == ForkSafety::unneeded) return ForkSafety::unneeded;
+  if (const int rc = ibv_fork_init(); rc != 0) {
+    const int err = detail::rc_to_errno(rc);
+    detail::throw_errno(err,
+                        err == EINVAL ? "ibv_fork_init: too late, memory is registered already (call fork_init first)"
+                                      : "ibv_fork_init",
+                        where);
+  }
+  return fork_safety();
+}
+
+ForkSafety fork_safety() noexcept { return static_cast<ForkSafety>(ibv_is_fork_initialized()); }
+
+GidEntry Device::gid(std::uint32_t index, std::uint8_t port_num) const {
+  const SourceLocation where = SourceLocation::current();
+  detail::require_not_empty(ctx_ != nullptr, "Device::gid: the Device", where);
+  const PortInfo p = detail::query_port(ctx_.get(), port_num, where);
+  const std::string slot = "GID index " + std::to_string(index) + " of port " + std::to_string(port_num);
+  if (index >= p.gid_table_len)
+    detail::throw_errno(EINVAL, slot + ": past the table's " + std::to_string(p.gid_table_len) + " slots", where);
+  ibv_gid_entry e{};
+  if (const int rc = ibv_query_gid_ex(ctx_.get(), port_num, index, &e, 0); rc != 0) {
+    const int err = detail::rc_to_errno(rc);
+    detail::throw_errno(err, "ibv_query_gid_ex(" + slot + (err == ENODATA ? "): an empty slot" : ")"), where);
+  }
+  GidEntry g;
+  g.gid = Gid::from_native(e.gid);
+  g.index = e.gid_index;
+  g.type = static_cast<GidType>(e.gid_type);
+  char name[IF_NAMESIZE] = {};
+  if (e.ndev_ifindex != 0 && ::if_indextoname(e.ndev_ifindex, name) != nullptr) g.netdev = name;
+  return g;
+}
+
+std::vector<std::uint16_t> Device::pkey_table(std::uint8_t port_num) const {
+  const SourceLocation where = SourceLocation::current();
+  detail::require_not_empty(ctx_ != nullptr, "Device::pkey_table: the Device", where);
+  const PortInfo p = detail::query_port(ctx_.get(), port_num, where);
+  std::vector<std::uint16_t> out(p.pkey_table_len);
+  for (std::uint16_t i = 0; i < p.pkey_table_len; ++i) {
+    __be16 key = 0;
+    detail::check_rc(ibv_query_pkey(ctx_.get(), port_num, i, &key), "ibv_query_pkey(index " + std::to_string(i) + ")", where);
+    out[i] = ntohs(key);
+  }
+  return out;
+}
+
+unsigned PortInfo::lanes() const noexcept {
+  switch (active_width) {
+    case 1: return 1;
+    case 2: return 4;
+    case 4: return 8;
+    case 8: return 12;
+    case 16: return 2;
+    default: return 0;
+  }
+}
+
+double PortInfo::lane_gbps() const noexcept {
+  switch (active_speed) {
+    case 1: return 2.5;
+    case 2: return 5.0;
+    case 4: return 10.0;
+    case 8: return 10.0;  // FDR10
+    case 16: return 14.0;
+    case 32: return 25.0;
+    case 64: return 50.0;
+    case 128: return 100.0;
+    case 256: return 200.0;
+    default: return 0.0;
+  }
+}
+
 std::vector<GidEntry> Device::gid_table(std::uint8_t port_num) const {
   detail::require_not_empty(ctx_ != nullptr, "Device::gid_table: the Device", SourceLocation::current());
   return detail::query_gid_table(ctx_.get(), port_num);
@@ -315,6 +391,7 @@ PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation wher
   p.gid_table_len = static_cast<std::uint32_t>(p.raw.gid_tbl_len);
   p.active_width = p.raw.active_width;
   p.active_speed = p.raw.active_speed;
+  p.pkey_table_len = p.raw.pkey_tbl_len;
   return p;
 }
 

@@ -1,5 +1,7 @@
 #include "verbs/shared_receive_queue.hpp"
 
+#include <string>
+
 namespace verbs {
 
 SharedReceiveQueue::SharedReceiveQueue(const ProtectionDomain& pd, SrqOptions o, SourceLocation where) {
@@ -32,6 +34,27 @@ std::uint32_t SharedReceiveQueue::limit() const {
   ibv_srq_attr a{};
   detail::check_rc(ibv_query_srq(srq_.get(), &a), "ibv_query_srq");
   return a.srq_limit;
+}
+
+void SharedReceiveQueue::resize(std::uint32_t max_wr, SourceLocation where) {
+  detail::require_not_empty(srq_ != nullptr, "SharedReceiveQueue::resize: the SharedReceiveQueue", where);
+  if (max_wr == 0) detail::throw_errno(EINVAL, "SharedReceiveQueue::resize: 0 receives", where);
+  ibv_device_attr dev{};
+  detail::check_rc(ibv_query_device(srq_->context, &dev), "ibv_query_device", where);
+  if ((dev.device_cap_flags & IBV_DEVICE_SRQ_RESIZE) == 0)
+    detail::throw_errno(EOPNOTSUPP, "SharedReceiveQueue::resize: the device does not resize SRQs (no IBV_DEVICE_SRQ_RESIZE)", where);
+  if (max_wr > static_cast<std::uint32_t>(dev.max_srq_wr))
+    detail::throw_errno(EINVAL,
+                "SharedReceiveQueue::resize: " + std::to_string(max_wr) + " receives, over the device's max_srq_wr of " +
+                    std::to_string(dev.max_srq_wr),
+                where);
+  ibv_srq_attr a{};
+  a.max_wr = max_wr;
+  detail::check_rc(ibv_modify_srq(srq_.get(), &a, IBV_SRQ_MAX_WR),
+                   "ibv_modify_srq(IBV_SRQ_MAX_WR = " + std::to_string(max_wr) + ")", where);
+  ibv_srq_attr now{};
+  detail::check_rc(ibv_query_srq(srq_.get(), &now), "ibv_query_srq", where);
+  max_wr_ = now.max_wr;
 }
 
 }  // namespace verbs

@@ -76,7 +76,16 @@ struct PortInfo {
   std::uint32_t gid_table_len = 0;                ///< slots in the GID table, used or not
   std::uint8_t active_width = 0;                  ///< lanes code: 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X
   std::uint32_t active_speed = 0;                 ///< per-lane speed code: 1 = SDR 2.5 Gb/s ... 128 = NDR
+  std::uint16_t pkey_table_len = 0;               ///< slots in the P_Key table (Device::pkey_table())
   ibv_port_attr raw{};                            ///< everything ibv_query_port returned
+
+  /// Lanes in use, from active_width (1X, 2X, 4X, 8X, 12X); 0 for a code this library does not know.
+  [[nodiscard]] unsigned lanes() const noexcept;
+  /// Nominal Gb/s of one lane, from active_speed, as ibv_devinfo names them (SDR 2.5, DDR 5,
+  /// QDR 10, FDR10 10, FDR 14, EDR 25, HDR 50, NDR 100, XDR 200); 0 for an unknown code.
+  [[nodiscard]] double lane_gbps() const noexcept;
+  /// The port's nominal rate: lanes() * lane_gbps() (e.g. 4X EDR: 100 Gb/s); 0 when either is unknown.
+  [[nodiscard]] double rate_gbps() const noexcept { return lanes() * lane_gbps(); }
 
   /// True when the port is ACTIVE.
   [[nodiscard]] bool active() const noexcept { return state == IBV_PORT_ACTIVE; }
@@ -100,6 +109,21 @@ struct DeviceInfo {
 /// The RDMA devices present. Empty when there are none (not an error).
 /// Throws Error when the device list cannot be read (e.g. ENOSYS without kernel support).
 [[nodiscard]] std::vector<DeviceInfo> list_devices();
+
+/// Whether registered memory survives fork(2) in the parent (ibv_is_fork_initialized(3)).
+enum class ForkSafety : std::uint8_t {
+  disabled = IBV_FORK_DISABLED,  ///< not safe: a page the parent writes after fork() may leave its registration
+  enabled = IBV_FORK_ENABLED,    ///< made safe by ibv_fork_init (regions are madvise(MADV_DONTFORK)ed)
+  unneeded = IBV_FORK_UNNEEDED,  ///< safe without it: the kernel copies pinned pages for the child (Linux 5.13+)
+};
+/// ibv_fork_init(3): makes registered memory safe across fork() where the kernel does not
+/// already. Where it does (fork_safety() is unneeded) nothing is called, at any time (ibv_fork_init
+/// itself fails once memory is registered, even there). Elsewhere call it before the first
+/// registration. Returns fork_safety() after. Throws Error (EINVAL when called too late, ENOMEM). The child of a fork() still shares the parent's device files: it must not use
+/// the parent's objects, and should exec (or only _exit) before any verbs of its own.
+ForkSafety fork_init(SourceLocation where = SourceLocation::current());
+/// ibv_is_fork_initialized(3): whether registered memory is safe across fork() now.
+[[nodiscard]] ForkSafety fork_safety() noexcept;
 
 class QueuePair;
 class SharedReceiveQueue;
@@ -206,6 +230,14 @@ class Device {
   [[nodiscard]] PortInfo port(std::uint8_t port_num = 1) const;
   /// The valid entries of a port's GID table (ibv_query_gid_ex(3)), with type and netdev.
   [[nodiscard]] std::vector<GidEntry> gid_table(std::uint8_t port_num = 1) const;
+  /// One slot of a port's GID table (ibv_query_gid_ex(3)). Throws Error: ENODATA for an empty
+  /// slot (where ibv_query_gid(3) would say 0 with an all-zero GID), EINVAL for an index past the
+  /// table (PortInfo::gid_table_len) or a port that does not exist.
+  [[nodiscard]] GidEntry gid(std::uint32_t index, std::uint8_t port_num = 1) const;
+  /// A port's P_Key table (ibv_query_pkey(3)), every slot, in host byte order: 0xffff is the
+  /// default partition with full membership, the only one on RoCE (a QP's pkey_index picks its
+  /// slot); 0 marks an unused slot. Throws Error (EINVAL for a port that does not exist).
+  [[nodiscard]] std::vector<std::uint16_t> pkey_table(std::uint8_t port_num = 1) const;
   /// Picks a GID, and says why: on RoCE, RoCE v2 before v1, a routable address before a
   /// link-local (fe80::) one, the port's own netdev before a VLAN or macvlan on it, IPv4-mapped
   /// before global IPv6; on InfiniBand, index 0 (IB ports address by LID; the GID is then only

@@ -70,12 +70,19 @@ class SharedReceiveQueue {
   void arm(std::uint32_t limit);
   /// The current limit (ibv_query_srq(3)); 0 once the event has fired.
   [[nodiscard]] std::uint32_t limit() const;
-  /// Receives the SRQ can hold, as granted.
+  /// Resizes the SRQ (ibv_modify_srq(3) with IBV_SRQ_MAX_WR) to hold at least `max_wr`
+  /// receives; the receives posted stay posted, and max_wr() says what the device granted
+  /// (ibv_query_srq). Not while another thread posts to it. Throws Error: EOPNOTSUPP when the
+  /// device does not resize SRQs (no IBV_DEVICE_SRQ_RESIZE), EINVAL for 0, for more than the
+  /// device's max_srq_wr, or for fewer than the limit armed (or the receives posted, as the
+  /// device decides).
+  void resize(std::uint32_t max_wr, SourceLocation where = SourceLocation::current());
+  /// Receives the SRQ can hold, as granted (at creation, or by the last resize()).
   [[nodiscard]] std::uint32_t max_wr() const noexcept { return max_wr_; }
   /// Scatter/gather entries per receive, as granted.
   [[nodiscard]] std::uint32_t max_sge() const noexcept { return max_sge_; }
 
-  /// False for a moved-from (empty) SRQ, which refuses posts, arm() and limit().
+  /// False for a moved-from (empty) SRQ, which refuses posts, arm(), limit() and resize().
   [[nodiscard]] explicit operator bool() const noexcept { return srq_ != nullptr; }
   /// The C handle.
   [[nodiscard]] ibv_srq* native_handle() const noexcept { return srq_.get(); }

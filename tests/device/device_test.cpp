@@ -129,6 +129,65 @@ TEST_F(Device, GidTableIsWhatASlotBySlotScanFinds) {
   }
 }
 
+// One slot by its index (rdma-core tests/test_device.py queries GIDs and their error paths):
+// a valid slot is what gid_table() lists, an empty one is ENODATA (ibv_query_gid would say 0
+// and an all-zero GID), one past the table and a port that does not exist are EINVAL.
+TEST_F(Device, GidBySlotGivesTheEntryOrSaysWhyNot) {
+  const std::vector<GidEntry> table = dev->gid_table(1);
+  ASSERT_FALSE(table.empty());
+  for (const GidEntry& e : table) {
+    const GidEntry one = dev->gid(e.index, 1);
+    EXPECT_EQ(one.gid, e.gid) << "index " << e.index;
+    EXPECT_EQ(one.index, e.index);
+    EXPECT_EQ(one.type, e.type);
+    EXPECT_EQ(one.netdev, e.netdev);
+  }
+  const std::uint32_t len = dev->port(1).gid_table_len;
+  std::uint32_t empty = 0;
+  while (empty < len && std::any_of(table.begin(), table.end(), [&](const GidEntry& e) { return e.index == empty; }))
+    ++empty;
+  if (empty < len) {
+    const auto e = thrown_error([&] { (void)dev->gid(empty, 1); });
+    ASSERT_TRUE(e) << "empty slot " << empty << " gave an entry";
+    EXPECT_EQ(e->code(), std::error_code(ENODATA, std::generic_category())) << e->what();
+    EXPECT_TRUE(contains(e->what(), "an empty slot")) << e->what();
+  }
+  const auto past = thrown_error([&] { (void)dev->gid(len, 1); });
+  ASSERT_TRUE(past);
+  EXPECT_EQ(past->code(), std::make_error_code(std::errc::invalid_argument));
+  EXPECT_TRUE(contains(past->what(), "past the table")) << past->what();
+  const auto no_port = thrown_error([&] { (void)dev->gid(0, static_cast<std::uint8_t>(dev->port_count() + 1)); });
+  ASSERT_TRUE(no_port);
+  EXPECT_EQ(no_port->code(), std::make_error_code(std::errc::invalid_argument));
+}
+
+// The P_Key table (rdma-core tests/test_device.py queries it): on RoCE one partition, the
+// default 0xffff with full membership, in slot 0; every slot reads; a missing port is EINVAL.
+TEST_F(Device, PkeyTableHoldsTheDefaultPartition) {
+  const verbs::PortInfo p = dev->port(1);
+  const std::vector<std::uint16_t> keys = dev->pkey_table(1);
+  ASSERT_EQ(keys.size(), p.pkey_table_len);
+  ASSERT_FALSE(keys.empty());
+  EXPECT_EQ(keys[0], 0xffff) << "slot 0 holds the default partition";
+  if (p.is_ethernet()) {
+    EXPECT_EQ(std::count(keys.begin(), keys.end(), std::uint16_t{0xffff}), 1);
+  }
+  const auto e = thrown_error([&] { (void)dev->pkey_table(static_cast<std::uint8_t>(dev->port_count() + 1)); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument));
+}
+
+// Port speed (rdma-core tests/test_device.py checks active width and speed): codes the library
+// knows, and a rate. rxe takes them from its netdev's ethtool speed.
+TEST_F(Device, PortSpeedIsAKnownWidthAndLaneRate) {
+  const verbs::PortInfo p = dev->port(1);
+  EXPECT_GT(p.lanes(), 0u) << "active_width " << int{p.active_width};
+  EXPECT_GT(p.lane_gbps(), 0.0) << "active_speed " << p.active_speed;
+  EXPECT_DOUBLE_EQ(p.rate_gbps(), p.lanes() * p.lane_gbps());
+  std::cout << dev->name() << " port 1: " << p.lanes() << "X at " << p.lane_gbps() << " Gb/s a lane: " << p.rate_gbps()
+            << " Gb/s\n";
+}
+
 TEST_F(Device, GidTableHasRoceV2Ipv4MappedEntryOnTheTestNetdev) {
   if (!dev->port(1).is_ethernet()) GTEST_SKIP() << dev->name() << " port 1 is InfiniBand: GIDs are not IP addresses";
   const std::vector<GidEntry> table = dev->gid_table(1);

@@ -1,8 +1,11 @@
 // MemoryRegion: registration of spans, ranges and owned buffers, keys, slices and access checks.
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -201,6 +204,63 @@ TEST_F(MemoryRegion, MoveAndSwapCarryTheRegistration) {
   b = std::move(moved);
   EXPECT_EQ(b.lkey(), b_lkey);
   EXPECT_TRUE(same_bytes(b.bytes(), pattern(8192, 9)));
+}
+
+// Registered memory across fork() (rdma-core tests/test_fork.py): fork_init() after registering
+// is fine where the kernel copies pinned pages for the child (unneeded, Linux 5.13+), and then a
+// region the child writes and the parent writes after the fork still takes the peer's RDMA
+// writes where the parent sees them. (Where fork_init() had to madvise the regions, the child
+// has no such pages and must not touch them.) The child only writes memory and _exits: it
+// shares the parent's device files (../shared/SOFTROCE.md).
+TEST_F(MemoryRegion, ARegionKeepsTakingRdmaWritesInTheParentAfterAFork) {
+  auto dst = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write);
+  auto src = verbs::MemoryRegion::allocate(*pd, 4096);
+  fill_pattern(src.bytes(), 7);
+  verbs::ForkSafety safety{};
+  try {
+    safety = verbs::fork_init();
+  } catch (const verbs::Error& e) {
+    FAIL() << "fork_init after registering: " << e.what() << " (fork safety "
+           << static_cast<int>(verbs::fork_safety()) << ")";
+  }
+  ASSERT_NE(safety, verbs::ForkSafety::disabled);
+  EXPECT_EQ(verbs::fork_safety(), safety);
+  std::memset(dst.data(), 0x11, 4096);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    if (safety == verbs::ForkSafety::unneeded) std::memset(dst.data(), 0xaa, 4096);  // its own copy
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  EXPECT_EQ(std::to_integer<int>(dst.bytes()[0]), 0x11) << "the child's write reached the parent";
+  dst.bytes()[4095] = std::byte{0x22};  // the parent writes after the fork: a copy-on-write page would move
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 4096), dst.remote().slice(0, 4096), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(dst.bytes(), src.bytes())) << "the RDMA write landed where the parent does not look";
+}
+
+// Relaxed ordering (rdma-core tests/test_relaxed_ordering.py): a region registered with it takes
+// RDMA writes and gives RDMA reads, byte for byte. (It is an optional access flag: a device
+// without it registers the region as though it were not asked.)
+TEST_F(MemoryRegion, RelaxedOrderingRegionCarriesWritesAndReads) {
+  const auto ro = Access::local_write | Access::remote_write | Access::remote_read | Access::relaxed_ordering;
+  auto target = verbs::MemoryRegion::allocate(*pd, 64 * 1024, ro);
+  auto src = verbs::MemoryRegion::allocate(*pd, 64 * 1024);
+  auto back = verbs::MemoryRegion::allocate(*pd, 64 * 1024, Access::local_write);
+  fill_pattern(src.bytes(), 9);
+  QpPair p(*dev, *pd, {.access = Access::remote_write | Access::remote_read});
+  for (std::uint64_t k = 0; k < 16; ++k)
+    ASSERT_TRUE(posted(p.a.post_write(src.slice(k * 4096, 4096), target.remote().slice(k * 4096, 4096), {.wr_id = k})));
+  for (std::uint64_t k = 0; k < 16; ++k)
+    EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, k));
+  ASSERT_TRUE(posted(p.a.post_read(back.slice(0, 64 * 1024), target.remote().slice(0, 64 * 1024), {.wr_id = 99})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_read, 99));
+  EXPECT_TRUE(same_bytes(target.bytes(), src.bytes()));
+  EXPECT_TRUE(same_bytes(back.bytes(), src.bytes()));
 }
 
 }  // namespace

@@ -195,4 +195,60 @@ TEST_F(SharedReceiveQueue, CreationOverTheDeviceSgeLimitThrowsEinval) {
   EXPECT_EQ(e->context(), "ibv_create_srq");
 }
 
+// Resizing (rdma-core tests/test_srq.py resizes too): the receives posted before stay posted and
+// complete in order, the room grows by what was asked, and a size the device refuses (0, over
+// max_srq_wr, under what is posted) is an error that loses nothing.
+TEST_F(SharedReceiveQueue, ResizeKeepsThePostedReceivesAndMakesRoomForMore) {
+  if ((dev->attributes().orig_attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE) == 0)
+    GTEST_SKIP() << dev->name() << " does not resize SRQs (no IBV_DEVICE_SRQ_RESIZE)";
+  post_slots(0, 4);
+  // Fill what is left with receives into the last slot, which no message reaches.
+  const auto fill = [&](std::uint32_t most) {
+    std::uint32_t n = 0;
+    while (n < most && srq->post_recv(slots->slice(63 * kSlot, kSlot), 63)) ++n;
+    return n;
+  };
+  const std::uint32_t cap = 4 + fill(1u << 16);
+  ASSERT_GE(cap, srq->max_wr()) << "the SRQ took fewer receives than it was granted";
+  ASSERT_LT(cap, 1u << 16);
+
+  srq->resize(2 * cap);
+  EXPECT_GE(srq->max_wr(), 2 * cap);
+  const std::uint32_t more = fill(4 * cap);
+  EXPECT_GE(more, cap) << "the room grew by less than asked";
+  EXPECT_LT(more, 4 * cap);
+
+  // A shrink under what is posted, 0 and more than the device has are refused, and change nothing.
+  const std::uint32_t granted = srq->max_wr();
+  const auto small = thrown_error([&] { srq->resize(4); });
+  ASSERT_TRUE(small) << "shrinking to 4 under " << cap + more << " posted receives was accepted";
+  EXPECT_EQ(small->code(), std::make_error_code(std::errc::invalid_argument)) << small->what();
+  const auto zero = thrown_error([&] { srq->resize(0); });
+  ASSERT_TRUE(zero);
+  EXPECT_EQ(zero->code(), std::make_error_code(std::errc::invalid_argument));
+  const auto max = static_cast<std::uint32_t>(dev->attributes().orig_attr.max_srq_wr);
+  const auto big = thrown_error([&] { srq->resize(max + 1); });
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->code(), std::make_error_code(std::errc::invalid_argument));
+  EXPECT_TRUE(contains(big->what(), "max_srq_wr")) << big->what();
+  EXPECT_EQ(srq->max_wr(), granted);
+
+  // The four receives posted before the resize take the next four messages, in order.
+  for (std::uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(posted(c1->post_send(src->slice(100 * i, 16), {.wr_id = i})));
+  EXPECT_EQ(collect(*client_cq, 4).size(), 4u);
+  const auto got = collect(*server_cq, 4);
+  ASSERT_EQ(got.size(), 4u);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(completed(got[i], WcOpcode::recv, i));
+    EXPECT_TRUE(same_bytes(slot(i).first(16), src->bytes().subspan(100 * i, 16))) << "message " << i;
+  }
+}
+
+TEST_F(SharedReceiveQueue, AMovedFromOneRefusesResize) {
+  verbs::SharedReceiveQueue taken(std::move(*srq));
+  const auto e = thrown_error([&] { srq->resize(128); });  // NOLINT(bugprone-use-after-move): the point
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::empty_object) << e->what();
+}
+
 }  // namespace

@@ -41,6 +41,26 @@ class UnreliableDatagram : public DeviceTest {
   std::optional<verbs::MemoryRegion> src, dst;
 };
 
+// Attributes read back after the modifies (rdma-core tests/test_qp.py): a UD QP's own Q_Key
+// (not the default), its port and P_Key index, and the send PSN moving with a send.
+TEST_F(UnreliableDatagram, QueryReadsBackTheQkeyPortAndSendPsn) {
+  QpPair q(*dev, *pd, verbs::QpOptions{.type = QpType::ud, .qkey = 0x2468ace0});
+  const verbs::QpAttributes a = q.a.query();
+  EXPECT_EQ(a.state, verbs::QpState::rts);
+  EXPECT_EQ(a.qkey, 0x2468ace0u);
+  EXPECT_EQ(a.port, 1);
+  EXPECT_EQ(a.pkey_index, 0);
+  EXPECT_EQ(a.sq_psn, q.a.endpoint().psn);
+  EXPECT_EQ(q.b.endpoint().qkey, 0x2468ace0u);
+  const verbs::AddressHandle ah(
+      *pd, {.dgid = q.b.endpoint().gid, .dlid = q.b.endpoint().lid, .sgid_index = static_cast<std::uint8_t>(q.a.gid_index())});
+  ASSERT_TRUE(posted(q.b.post_recv(dst->slice(0, kGrh + 64), 1)));
+  ASSERT_TRUE(posted(q.a.post(SendWr::send(src->slice(0, 64), {.wr_id = 2}).to(ah, q.b.qp_num(), 0x2468ace0))));
+  EXPECT_TRUE(completed(expect_completion(q.cq_a), WcOpcode::send, 2));
+  EXPECT_TRUE(completed(expect_completion(q.cq_b), WcOpcode::recv, 1));
+  EXPECT_EQ(q.a.query().sq_psn, (q.a.endpoint().psn + 1) & 0xffffffu);
+}
+
 TEST_F(UnreliableDatagram, SendArrivesAfterTheFortyByteGrh) {
   ASSERT_EQ(p->a.query_state(), verbs::QpState::rts);
   ASSERT_EQ(p->a.type(), QpType::ud);

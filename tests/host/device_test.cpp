@@ -532,4 +532,25 @@ TEST(ChooseGid, RoceV1OnlyAndNothing) {
   EXPECT_FALSE(verbs::detail::choose_roce_gid({}));
 }
 
+// PortInfo's rate from ibv_port_attr's codes (as ibv_devinfo names them).
+TEST(PortInfo, RateIsLanesTimesTheLaneSpeed) {
+  const auto port = [](std::uint8_t width, std::uint32_t speed) {
+    verbs::PortInfo p;
+    p.active_width = width;
+    p.active_speed = speed;
+    return p;
+  };
+  EXPECT_DOUBLE_EQ(port(2, 32).rate_gbps(), 100.0) << "4X EDR";
+  EXPECT_DOUBLE_EQ(port(1, 1).rate_gbps(), 2.5) << "1X SDR";
+  EXPECT_DOUBLE_EQ(port(8, 4).rate_gbps(), 120.0) << "12X QDR";
+  EXPECT_DOUBLE_EQ(port(16, 64).rate_gbps(), 100.0) << "2X HDR";
+  EXPECT_DOUBLE_EQ(port(4, 128).rate_gbps(), 800.0) << "8X NDR";
+  EXPECT_EQ(port(2, 16).lanes(), 4u);
+  EXPECT_DOUBLE_EQ(port(2, 16).lane_gbps(), 14.0) << "FDR";
+  EXPECT_DOUBLE_EQ(port(2, 8).lane_gbps(), 10.0) << "FDR10";
+  EXPECT_DOUBLE_EQ(port(2, 256).lane_gbps(), 200.0) << "XDR";
+  EXPECT_EQ(port(3, 32).lanes(), 0u) << "not a width code";
+  EXPECT_DOUBLE_EQ(port(2, 3).rate_gbps(), 0.0) << "not a speed code";
+}
+
 }  // namespace
