@@ -256,6 +256,21 @@ CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq) {
   return q;
 }
 
+CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq, ibv_cq_ex* ex, WcFields fields) {
+  const SourceLocation where = SourceLocation::current();
+  if (!cq || ex == nullptr || ibv_cq_ex_to_cq(ex) != cq.get())
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "CompletionQueue::adopt: an extended CQ needs its ibv_cq and its ibv_cq_ex, the one of the other",
+                        where);
+  ibv_device_attr_ex dev{};
+  detail::check_rc(ibv_query_device_ex(cq->context, nullptr, &dev), "ibv_query_device_ex", where);
+  CompletionQueue q = adopt(std::move(cq));
+  q.cqx_ = ex;
+  q.fields_ = fields.value();
+  q.legacy_poll_ = detail::is_rxe(dev);  // see start_poll()
+  return q;
+}
+
 void CompletionQueue::req_notify(bool solicited_only) {
   check_not_empty_("req_notify", SourceLocation::current());
   if (!has_channel())

@@ -2,6 +2,7 @@
 // the provider it was created by, reports its errors, and is destroyed by its own deleter.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <system_error>
+#include <vector>
 
 #include <infiniband/verbs.h>
 
@@ -193,3 +195,152 @@ TEST(WcOpcode, NamesAreTheEnumeratorsSpelling) {
   EXPECT_EQ(verbs::to_string(verbs::WcOpcode::recv_rdma_with_imm), "recv_rdma_with_imm");
   EXPECT_EQ(verbs::to_string(verbs::WcOpcode::fetch_add), "fetch_add");
 }
+
+namespace {
+
+// ---- The extended CQ's pass (CompletionQueue::start_poll) through ibv_start_poll, ibv_next_poll
+// and ibv_end_poll, on the stub's extended CQ (rxe's CQs take ibv_poll_cq instead: last test).
+
+ibv_wc ex_wc(std::uint64_t wr_id, ibv_wc_opcode op, std::uint32_t len, unsigned flags = 0, std::uint32_t imm_be = 0,
+             ibv_wc_status status = IBV_WC_SUCCESS) {
+  ibv_wc w{};
+  w.wr_id = wr_id;
+  w.status = status;
+  w.opcode = op;
+  w.byte_len = len;
+  w.wc_flags = flags;
+  w.imm_data = imm_be;
+  w.qp_num = 0x42;
+  w.src_qp = 0x77;
+  w.vendor_err = status == IBV_WC_SUCCESS ? 0 : 0x99;
+  return w;
+}
+
+TEST(CompletionPoll, APassReadsEachReadyCompletionWithTheFieldsAskedAndEndsOnce) {
+  verbs_stub::Provider p;
+  p.ex_ready = {ex_wc(1, IBV_WC_RECV, 100, IBV_WC_WITH_IMM, htonl(0xabcd)), ex_wc(2, IBV_WC_RDMA_WRITE, 0),
+                ex_wc(3, IBV_WC_SEND, 0, 0, 0, IBV_WC_REM_ACCESS_ERR)};
+  CompletionQueue cq = p.extended_cq(verbs::WcField::byte_len | verbs::WcField::imm);  // no qp_num
+  std::vector<verbs::ExCompletion> got;
+  {
+    auto pass = cq.start_poll();
+    for (const verbs::ExCompletion& c : pass) got.push_back(c);
+    EXPECT_EQ(pass.count(), 3u);
+    EXPECT_FALSE(pass.error());
+  }
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].wr_id(), 1u);
+  EXPECT_EQ(got[0].opcode(), verbs::WcOpcode::recv);
+  EXPECT_EQ(got[0].byte_len(), 100u);
+  EXPECT_EQ(got[0].imm_data(), 0xabcdu) << "in host byte order";
+  EXPECT_EQ(got[0].qp_num(), std::nullopt) << "a field the CQ was not made with";
+  EXPECT_EQ(got[1].imm_data(), std::nullopt) << "no IBV_WC_WITH_IMM";
+  EXPECT_EQ(got[1].opcode(), verbs::WcOpcode::rdma_write);
+  EXPECT_FALSE(got[2].ok());
+  EXPECT_EQ(got[2].status(), verbs::WcStatus::rem_access_err);
+  EXPECT_EQ(got[2].vendor_err(), 0x99u);
+  EXPECT_EQ(p.ex_starts, 1);
+  EXPECT_EQ(p.ex_nexts, 3) << "two completions and the ENOENT that ends the pass";
+  EXPECT_EQ(p.ex_ends, 1);
+  EXPECT_EQ(p.ex_misuse, 0);
+}
+
+TEST(CompletionPoll, NothingReadyIsAnEmptyPassWithoutEndPoll) {
+  verbs_stub::Provider p;
+  CompletionQueue cq = p.extended_cq(verbs::WcField::qp_num);
+  {
+    auto pass = cq.start_poll();
+    EXPECT_EQ(pass.begin(), pass.end());
+    EXPECT_EQ(pass.count(), 0u);
+    EXPECT_FALSE(pass.error());
+  }
+  EXPECT_EQ(p.ex_starts, 1);
+  EXPECT_EQ(p.ex_ends, 0) << "ibv_end_poll after a start_poll that found nothing (ENOENT)";
+  EXPECT_EQ(p.ex_misuse, 0);
+}
+
+TEST(CompletionPoll, AStartPollFailureIsThePassesErrorWithoutEndPoll) {
+  verbs_stub::Provider p;
+  p.ex_ready = {ex_wc(1, IBV_WC_SEND, 0)};
+  p.ex_start_rc = EIO;
+  CompletionQueue cq = p.extended_cq(verbs::WcField::qp_num);
+  {
+    auto pass = cq.start_poll();
+    EXPECT_EQ(pass.begin(), pass.end());
+    EXPECT_EQ(pass.error(), std::error_code(EIO, std::generic_category()));
+  }
+  EXPECT_EQ(p.ex_ends, 0);
+  EXPECT_EQ(p.ex_ready.size(), 1u) << "nothing was read";
+}
+
+TEST(CompletionPoll, ANextPollFailureEndsThePassWithItsErrorAndEndPoll) {
+  verbs_stub::Provider p;
+  p.ex_ready = {ex_wc(1, IBV_WC_SEND, 0), ex_wc(2, IBV_WC_SEND, 0), ex_wc(3, IBV_WC_SEND, 0)};
+  p.ex_fail_next = 1;  // the first next_poll of the pass
+  p.ex_next_rc = EINVAL;
+  CompletionQueue cq = p.extended_cq(verbs::WcField::qp_num);
+  std::vector<std::uint64_t> ids;
+  {
+    auto pass = cq.start_poll();
+    for (const verbs::ExCompletion& c : pass) ids.push_back(c.wr_id());
+    EXPECT_EQ(pass.error(), std::error_code(EINVAL, std::generic_category()));
+    EXPECT_EQ(p.ex_ends, 1) << "ended when the error ended it";
+  }
+  EXPECT_EQ(ids, std::vector<std::uint64_t>{1});
+  EXPECT_EQ(p.ex_ends, 1) << "not a second time when the pass goes";
+  EXPECT_EQ(p.ex_misuse, 0);
+}
+
+TEST(CompletionPoll, LeavingThePassEarlyEndsItAndTheRestWaitsForTheNext) {
+  verbs_stub::Provider p;
+  p.ex_ready = {ex_wc(1, IBV_WC_SEND, 0), ex_wc(2, IBV_WC_SEND, 0), ex_wc(3, IBV_WC_SEND, 0)};
+  CompletionQueue cq = p.extended_cq(verbs::WcField::qp_num);
+  {
+    auto pass = cq.start_poll();
+    for (const verbs::ExCompletion& c : pass) {
+      EXPECT_EQ(c.wr_id(), 1u);
+      EXPECT_EQ(c.qp_num(), 0x42u);
+      break;
+    }
+    EXPECT_EQ(p.ex_ends, 0) << "the pass is still open";
+  }
+  EXPECT_EQ(p.ex_ends, 1) << "destroying the pass ends it";
+  std::vector<std::uint64_t> rest;
+  for (const verbs::ExCompletion& c : cq.start_poll()) rest.push_back(c.wr_id());
+  EXPECT_EQ(rest, (std::vector<std::uint64_t>{2, 3}));
+  EXPECT_EQ(p.ex_ends, 2);
+  EXPECT_EQ(p.ex_misuse, 0);
+}
+
+TEST(CompletionPoll, OnRxeThePassReadsThroughPollCq) {
+  verbs_stub::Provider p;
+  p.vendor_id = 0xffffff;  // rxe: its ibv_next_poll overruns (see CompletionQueue::start_poll)
+  p.completion = ex_wc(9, IBV_WC_RECV, 64);
+  p.ready = 1;  // every ibv_poll_cq gives one: the loop stops itself
+  p.ex_ready = {ex_wc(1, IBV_WC_SEND, 0)};
+  CompletionQueue cq = p.extended_cq(verbs::WcField::byte_len);
+  int n = 0;
+  for (const verbs::ExCompletion& c : cq.start_poll()) {
+    EXPECT_EQ(c.wr_id(), 9u);
+    EXPECT_EQ(c.byte_len(), 64u);
+    if (++n == 2) break;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(p.ex_starts, 0);
+  EXPECT_EQ(p.ex_ends, 0);
+}
+
+TEST(CompletionPoll, AdoptingAnExtendedCqNeedsItsOwnHandles) {
+  verbs_stub::Provider p;
+  const auto e = verbs::test::thrown_by([&] {
+    (void)CompletionQueue::adopt(std::shared_ptr<ibv_cq>(&p.cq, [](ibv_cq*) {}), &p.cq_ex, verbs::WcField::qp_num);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), verbs::Errc::bad_argument) << e->what();
+  const auto none = verbs::test::thrown_by(
+      [&] { (void)CompletionQueue::adopt(std::shared_ptr<ibv_cq>(ibv_cq_ex_to_cq(&p.cq_ex), [](ibv_cq*) {}), nullptr, {}); });
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->code(), verbs::Errc::bad_argument);
+}
+
+}  // namespace

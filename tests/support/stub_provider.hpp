@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -79,8 +80,21 @@ struct Provider {
   std::vector<ExWr> ex_posted;          // posted by wr_complete
   std::vector<std::uint64_t> order;     // wr_ids in the order posted, through either path
 
+  // The extended CQ (extended_cq()): its start/next/end_poll take entries from `ex_ready`.
+  ibv_cq_ex cq_ex{};
+  std::deque<ibv_wc> ex_ready;          // what the next passes read, in order
+  ibv_wc ex_current{};                  // what the read_* functions answer
+  int ex_starts = 0, ex_nexts = 0, ex_ends = 0;
+  int ex_start_rc = 0;                  // when not 0, what start_poll returns (nothing is read)
+  int ex_fail_next = 0;                 // when not 0, the n-th next_poll of a pass returns ex_next_rc
+  int ex_next_rc = 0;
+  int ex_pass_nexts = 0;                // next_poll calls in the current pass
+  bool ex_in_pass = false;              // between a start_poll that returned 0 and end_poll
+  int ex_misuse = 0;                    // next_poll or end_poll outside a pass, start_poll inside one
+
   Provider() {
     std::memset(&qp_ex, 0, sizeof qp_ex);
+    make_extended_cq();
     vctx.sz = sizeof(verbs_context);
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
     vctx.context.device = &device;
@@ -131,6 +145,60 @@ struct Provider {
   /// The stub CQ as a verbs::CompletionQueue.
   verbs::CompletionQueue completion_queue() {
     return verbs::CompletionQueue::adopt(std::shared_ptr<ibv_cq>(&cq, [](ibv_cq*) {}));
+  }
+
+  /// The stub's extended CQ as a verbs::CompletionQueue carrying `fields`.
+  verbs::CompletionQueue extended_cq(verbs::WcFields fields) {
+    return verbs::CompletionQueue::adopt(std::shared_ptr<ibv_cq>(ibv_cq_ex_to_cq(&cq_ex), [](ibv_cq*) {}), &cq_ex, fields);
+  }
+
+  void make_extended_cq() {
+    ibv_cq_ex& x = cq_ex;
+    x.context = &vctx.context;
+    x.cqe = 256;
+    x.start_poll = [](ibv_cq_ex* c, ibv_poll_cq_attr*) {
+      Provider& p = of(c->context);
+      ++p.ex_starts;
+      if (p.ex_in_pass) ++p.ex_misuse;
+      if (p.ex_start_rc != 0) return p.ex_start_rc;
+      if (p.ex_ready.empty()) return ENOENT;
+      p.ex_in_pass = true;
+      p.ex_pass_nexts = 0;
+      return p.take_ex(c);
+    };
+    x.next_poll = [](ibv_cq_ex* c) {
+      Provider& p = of(c->context);
+      ++p.ex_nexts;
+      if (!p.ex_in_pass) ++p.ex_misuse;
+      if (++p.ex_pass_nexts == p.ex_fail_next) return p.ex_next_rc;
+      if (p.ex_ready.empty()) return ENOENT;
+      return p.take_ex(c);
+    };
+    x.end_poll = [](ibv_cq_ex* c) {
+      Provider& p = of(c->context);
+      ++p.ex_ends;
+      if (!p.ex_in_pass) ++p.ex_misuse;
+      p.ex_in_pass = false;
+    };
+    x.read_opcode = [](ibv_cq_ex* c) { return of(c->context).ex_current.opcode; };
+    x.read_vendor_err = [](ibv_cq_ex* c) { return of(c->context).ex_current.vendor_err; };
+    x.read_byte_len = [](ibv_cq_ex* c) { return of(c->context).ex_current.byte_len; };
+    x.read_imm_data = [](ibv_cq_ex* c) { return of(c->context).ex_current.imm_data; };
+    x.read_qp_num = [](ibv_cq_ex* c) { return of(c->context).ex_current.qp_num; };
+    x.read_src_qp = [](ibv_cq_ex* c) { return of(c->context).ex_current.src_qp; };
+    x.read_wc_flags = [](ibv_cq_ex* c) { return of(c->context).ex_current.wc_flags; };
+    x.read_slid = [](ibv_cq_ex* c) { return static_cast<std::uint32_t>(of(c->context).ex_current.slid); };
+    x.read_sl = [](ibv_cq_ex* c) { return of(c->context).ex_current.sl; };
+    x.read_dlid_path_bits = [](ibv_cq_ex* c) { return of(c->context).ex_current.dlid_path_bits; };
+    x.read_completion_ts = [](ibv_cq_ex*) { return std::uint64_t{0}; };
+    x.read_completion_wallclock_ns = [](ibv_cq_ex*) { return std::uint64_t{0}; };
+  }
+  int take_ex(ibv_cq_ex* c) {
+    ex_current = ex_ready.front();
+    ex_ready.pop_front();
+    c->wr_id = ex_current.wr_id;
+    c->status = ex_current.status;
+    return 0;
   }
 
   /// Makes the QP an extended one, whose ibv_wr_* functions record into `pending`.
