@@ -261,7 +261,7 @@ PortInfo Device::port(std::uint8_t port_num) const {
 }
 ForkSafety fork_init(SourceLocation where) {
   // Where the kernel copies pinned pages on fork, there is nothing to do, and ibv_fork_init
-  // would still fail with EINVAL once anything is registered (rdma-core 44).
+  // would still fail with EINVAL once anything is registered (rdma-core 44 to 50).
   if (fork_safety() == ForkSafety::unneeded) return ForkSafety::unneeded;
   if (const int rc = ibv_fork_init(); rc != 0) {
     const int err = detail::rc_to_errno(rc);
@@ -330,7 +330,6 @@ double PortInfo::lane_gbps() const noexcept {
     case 32: return 25.0;
     case 64: return 50.0;
     case 128: return 100.0;
-    case 256: return 200.0;
     default: return 0.0;
   }
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "detail.hpp"
 
@@ -47,6 +48,15 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
                         where);
+  if (access & Access::on_demand) {
+    ibv_device_attr_ex dev{};
+    detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
+    if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0)
+      detail::throw_errno(EOPNOTSUPP,
+                          "MemoryRegion: Access::on_demand on a device that does not page on demand "
+                          "(ibv_device_attr_ex::odp_caps.general_caps lacks IBV_ODP_SUPPORT)",
+                          where);
+  }
   ibv_mr* mr = detail::check_ptr(
       ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr", where);
   mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
@@ -60,6 +70,26 @@ MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlag
 MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access,
                                     SourceLocation where) {
   return MemoryRegion(Buffer(size), pd, access, where);
+}
+
+void MemoryRegion::advise(std::span<const LocalSlice> slices, bool wait, SourceLocation where) const {
+  detail::require_not_empty(static_cast<bool>(*this), "MemoryRegion::advise: the MemoryRegion", where);
+  if (!(access_ & Access::on_demand))
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion::advise: the region was not registered with Access::on_demand", where);
+  if (slices.empty()) return;
+  std::vector<ibv_sge> sges;
+  sges.reserve(slices.size());
+  for (const LocalSlice& s : slices) {
+    if (s.lkey() != lkey())
+      detail::throw_error(make_error_code(Errc::bad_argument),
+                          "MemoryRegion::advise: a slice of another region (lkey " + std::to_string(s.lkey()) + ")", where);
+    sges.push_back(s.native());
+  }
+  const auto advice = (access_ & Access::local_write) ? IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE : IBV_ADVISE_MR_ADVICE_PREFETCH;
+  detail::check_rc(ibv_advise_mr(mr_->pd, advice, wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
+                                 static_cast<std::uint32_t>(sges.size())),
+                   "ibv_advise_mr", where);
 }
 
 RemoteSlice::Wire RemoteSlice::encode() const noexcept {

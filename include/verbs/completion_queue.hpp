@@ -296,8 +296,10 @@ class CompletionQueue {
   /// deleter destroys it and must keep alive whatever it uses (context, completion channel).
   /// Nothing is asked of the device. Throws Error(Errc::bad_argument) for a null `cq`.
   [[nodiscard]] static CompletionQueue adopt(std::shared_ptr<ibv_cq> cq);
-  /// Wraps an extended CQ created elsewhere with ibv_create_cq_ex(3) with `fields` as its
-  /// wc_flags, for start_poll() (`cq` is ibv_cq_ex_to_cq(ex), with its deleter as above). Asks
+  /// Wraps an extended CQ created elsewhere with ibv_create_cq_ex(3), for start_poll(): `fields`
+  /// must be among the wc_flags it was created with (a pass reads each, through the provider's
+  /// functions for them, which exist only for those), and `cq` is ibv_cq_ex_to_cq(ex), with its
+  /// deleter as above. Asks
   /// the device's attributes (ibv_query_device_ex), to read rxe's CQs through ibv_poll_cq as
   /// start_poll() does for a CQ made here. Throws Error(Errc::bad_argument) for a null `cq` or
   /// `ex`, or an `ex` that is not `cq`'s, and Error when the device cannot be queried.

@@ -82,7 +82,8 @@ struct PortInfo {
   /// Lanes in use, from active_width (1X, 2X, 4X, 8X, 12X); 0 for a code this library does not know.
   [[nodiscard]] unsigned lanes() const noexcept;
   /// Nominal Gb/s of one lane, from active_speed, as ibv_devinfo names them (SDR 2.5, DDR 5,
-  /// QDR 10, FDR10 10, FDR 14, EDR 25, HDR 50, NDR 100, XDR 200); 0 for an unknown code.
+  /// QDR 10, FDR10 10, FDR 14, EDR 25, HDR 50, NDR 100); 0 for an unknown code. (XDR is not in
+  /// rdma-core 44's 8-bit active_speed: newer versions report it in active_speed_ex.)
   [[nodiscard]] double lane_gbps() const noexcept;
   /// The port's nominal rate: lanes() * lane_gbps() (e.g. 4X EDR: 100 Gb/s); 0 when either is unknown.
   [[nodiscard]] double rate_gbps() const noexcept { return lanes() * lane_gbps(); }
@@ -117,8 +118,9 @@ enum class ForkSafety : std::uint8_t {
   unneeded = IBV_FORK_UNNEEDED,  ///< safe without it: the kernel copies pinned pages for the child (Linux 5.13+)
 };
 /// ibv_fork_init(3): makes registered memory safe across fork() where the kernel does not
-/// already. Where it does (fork_safety() is unneeded) nothing is called, at any time (ibv_fork_init
-/// itself fails once memory is registered, even there). Elsewhere call it before the first
+/// already. Where it does (fork_safety() is unneeded) nothing is called, at any time (before
+/// rdma-core 51, ibv_fork_init itself failed once memory was registered, even there; 44 is what
+/// Debian 12 has). Elsewhere call it before the first
 /// registration. Returns fork_safety() after. Throws Error (EINVAL when called too late, ENOMEM). The child of a fork() still shares the parent's device files: it must not use
 /// the parent's objects, and should exec (or only _exit) before any verbs of its own.
 ForkSafety fork_init(SourceLocation where = SourceLocation::current());
@@ -224,6 +226,13 @@ class Device {
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// Device attributes from ibv_query_device_ex(3), read at open.
   [[nodiscard]] const ibv_device_attr_ex& attributes() const noexcept { return attr_; }
+  /// On-demand paging: true when the device can register memory with Access::on_demand
+  /// (odp_caps.general_caps has IBV_ODP_SUPPORT; rxe of Linux 6.1 cannot).
+  [[nodiscard]] bool has_odp() const noexcept { return (attr_.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0; }
+  /// Implicit on-demand paging, a region of the whole address space (IBV_ODP_SUPPORT_IMPLICIT).
+  [[nodiscard]] bool has_implicit_odp() const noexcept {
+    return (attr_.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) != 0;
+  }
   /// Number of physical ports (ports are numbered from 1).
   [[nodiscard]] std::uint8_t port_count() const noexcept { return attr_.orig_attr.phys_port_cnt; }
   /// ibv_query_port(3). Throws Error (EINVAL for a port that does not exist).

@@ -160,8 +160,10 @@ ibv_mr* empty_mr() noexcept;
 class MemoryRegion {
  public:
   /// Registers `memory` with `access` (no right by default). Remote write or atomic access
-  /// requires local_write (checked here: Errc::bad_argument). Throws Error from ibv_reg_mr
-  /// (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).
+  /// requires local_write (checked here: Errc::bad_argument). Access::on_demand (pages are
+  /// faulted in as the device touches them, not pinned) is refused before registering with
+  /// EOPNOTSUPP where the device does not page on demand (Device::has_odp()). Throws Error from
+  /// ibv_reg_mr (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
                SourceLocation where = SourceLocation::current());
 
@@ -242,6 +244,15 @@ class MemoryRegion {
   [[nodiscard]] RemoteSlice remote() const noexcept {
     return {reinterpret_cast<std::uint64_t>(data()), size(), rkey()};  // NOLINT
   }
+
+  /// ibv_advise_mr(3) on slices of this region, registered with Access::on_demand: fault their
+  /// pages in before the device needs them, so the first operations on them do not wait for
+  /// page faults (for writing where the region has Access::local_write: PREFETCH_WRITE, else
+  /// PREFETCH). With `wait`, returns once they are in (IBV_ADVISE_MR_FLAG_FLUSH); otherwise the
+  /// device may do it later. No slices: nothing is done. Throws Error(Errc::bad_argument) for a
+  /// region without Access::on_demand (checked here) or a slice of another region (another
+  /// lkey), and Error with the provider's errno.
+  void advise(std::span<const LocalSlice> slices, bool wait = true, SourceLocation where = SourceLocation::current()) const;
 
   /// The C handle; null for a moved-from region.
   [[nodiscard]] ibv_mr* native_handle() const noexcept { return *this ? mr_.get() : nullptr; }

@@ -196,8 +196,8 @@ TEST_F(SharedReceiveQueue, CreationOverTheDeviceSgeLimitThrowsEinval) {
 }
 
 // Resizing (rdma-core tests/test_srq.py resizes too): the receives posted before stay posted and
-// complete in order, the room grows by what was asked, and a size the device refuses (0, over
-// max_srq_wr, under what is posted) is an error that loses nothing.
+// complete in order, the room grows by what was asked; a shrink under what is posted (refused by
+// the device), 0 and more than max_srq_wr (refused before it) are errors that lose nothing.
 TEST_F(SharedReceiveQueue, ResizeKeepsThePostedReceivesAndMakesRoomForMore) {
   if ((dev->attributes().orig_attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE) == 0)
     GTEST_SKIP() << dev->name() << " does not resize SRQs (no IBV_DEVICE_SRQ_RESIZE)";
@@ -232,6 +232,10 @@ TEST_F(SharedReceiveQueue, ResizeKeepsThePostedReceivesAndMakesRoomForMore) {
   EXPECT_EQ(big->code(), std::make_error_code(std::errc::invalid_argument));
   EXPECT_TRUE(contains(big->what(), "max_srq_wr")) << big->what();
   EXPECT_EQ(srq->max_wr(), granted);
+  ibv_srq_attr now{};
+  ASSERT_EQ(ibv_query_srq(srq->native_handle(), &now), 0);
+  EXPECT_EQ(now.max_wr, granted) << "a refused resize changed the SRQ";
+  EXPECT_FALSE(srq->post_recv(slots->slice(63 * kSlot, kSlot), 63)) << "still full: the refusal freed no room";
 
   // The four receives posted before the resize take the next four messages, in order.
   for (std::uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(posted(c1->post_send(src->slice(100 * i, 16), {.wr_id = i})));

@@ -548,7 +548,7 @@ TEST(PortInfo, RateIsLanesTimesTheLaneSpeed) {
   EXPECT_EQ(port(2, 16).lanes(), 4u);
   EXPECT_DOUBLE_EQ(port(2, 16).lane_gbps(), 14.0) << "FDR";
   EXPECT_DOUBLE_EQ(port(2, 8).lane_gbps(), 10.0) << "FDR10";
-  EXPECT_DOUBLE_EQ(port(2, 256).lane_gbps(), 200.0) << "XDR";
+  EXPECT_DOUBLE_EQ(port(2, 256).lane_gbps(), 0.0) << "XDR: not an 8-bit active_speed code";
   EXPECT_EQ(port(3, 32).lanes(), 0u) << "not a width code";
   EXPECT_DOUBLE_EQ(port(2, 3).rate_gbps(), 0.0) << "not a speed code";
 }
