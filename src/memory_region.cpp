@@ -48,6 +48,11 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
                         where);
+  if (access & Access::zero_based)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion: Access::zero_based is not supported: slice() and remote() address the region "
+                        "by its virtual address, which a zero-based region does not answer to",
+                        where);
   if (access & Access::on_demand) {
     ibv_device_attr_ex dev{};
     detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);

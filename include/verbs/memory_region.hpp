@@ -160,7 +160,8 @@ ibv_mr* empty_mr() noexcept;
 class MemoryRegion {
  public:
   /// Registers `memory` with `access` (no right by default). Remote write or atomic access
-  /// requires local_write (checked here: Errc::bad_argument). Access::on_demand (pages are
+  /// requires local_write, and Access::zero_based is refused (slice() and remote() give virtual
+  /// addresses): both checked here, Errc::bad_argument. Access::on_demand (pages are
   /// faulted in as the device touches them, not pinned) is refused before registering with
   /// EOPNOTSUPP where the device does not page on demand (Device::has_odp()). Throws Error from
   /// ibv_reg_mr (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).

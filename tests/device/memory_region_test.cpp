@@ -145,6 +145,17 @@ TEST_F(MemoryRegion, RemoteWriteOrAtomicWithoutLocalWriteIsRejectedWithAClearErr
   EXPECT_NE(ok.rkey(), 0u);
 }
 
+// A zero-based region is addressed by offsets from 0 (ibv_reg_mr(3): IBV_ACCESS_ZERO_BASED), but
+// slice() and remote() give virtual addresses: a device that honours the flag would take every
+// request at the wrong address. Refused until the library addresses regions by IOVA.
+TEST_F(MemoryRegion, ZeroBasedIsRefusedWithAClearError) {
+  const auto e = thrown_error(
+      [&] { (void)verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write | Access::zero_based); });
+  ASSERT_TRUE(e) << "a zero-based region was registered, and its remote() says its virtual address";
+  EXPECT_EQ(e->code(), make_error_code(Errc::bad_argument));
+  EXPECT_TRUE(contains(e->what(), "zero_based")) << e->what();
+}
+
 // The constructors' errors point at the caller's line, not into the library.
 TEST_F(MemoryRegion, ConstructorErrorsRecordTheCallersLine) {
   std::vector<std::byte> memory(64);
