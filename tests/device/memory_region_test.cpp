@@ -288,10 +288,10 @@ TEST_F(MemoryRegion, OnDemandRegionTakesWritesWithAndWithoutAPrefetch) {
   if ((dev->attributes().odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE) == 0)
     GTEST_SKIP() << dev->name() << " takes no RC writes into on-demand pages (rc_odp_caps lacks IBV_ODP_SUPPORT_WRITE)";
   // Fresh anonymous pages, never touched: the device faults them in (a vector would zero them).
-  const std::size_t size = 64 * 1024;
+  constexpr std::size_t size = 64 * 1024;
   void* pages = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(pages, MAP_FAILED);
-  const std::unique_ptr<void, std::function<void(void*)>> unmap(pages, [size](void* q) { ::munmap(q, size); });
+  const std::unique_ptr<void, std::function<void(void*)>> unmap(pages, [](void* q) { ::munmap(q, size); });
   const std::span memory(static_cast<std::byte*>(pages), size);
   verbs::MemoryRegion odp(*pd, std::span(memory), Access::local_write | Access::remote_write | Access::on_demand);
   odp.advise(std::array{odp.slice(0, 32 * 1024)});
