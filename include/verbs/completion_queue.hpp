@@ -299,9 +299,8 @@ class CompletionQueue {
   /// Wraps an extended CQ created elsewhere with ibv_create_cq_ex(3), for start_poll(): `fields`
   /// must be among the wc_flags it was created with (a pass reads each, through the provider's
   /// functions for them, which exist only for those), and `cq` is ibv_cq_ex_to_cq(ex), with its
-  /// deleter as above. Asks
-  /// the device's attributes (ibv_query_device_ex), to read rxe's CQs through ibv_poll_cq as
-  /// start_poll() does for a CQ made here. Throws Error(Errc::bad_argument) for a null `cq` or
+  /// deleter as above. Asks the device's attributes (ibv_query_device_ex), to read rxe's CQs
+  /// through ibv_poll_cq as start_poll() does for a CQ made here. Throws Error(Errc::bad_argument) for a null `cq` or
   /// `ex`, or an `ex` that is not `cq`'s, and Error when the device cannot be queried.
   [[nodiscard]] static CompletionQueue adopt(std::shared_ptr<ibv_cq> cq, ibv_cq_ex* ex, WcFields fields);
 

@@ -120,9 +120,10 @@ enum class ForkSafety : std::uint8_t {
 /// ibv_fork_init(3): makes registered memory safe across fork() where the kernel does not
 /// already. Where it does (fork_safety() is unneeded) nothing is called, at any time (before
 /// rdma-core 51, ibv_fork_init itself failed once memory was registered, even there; 44 is what
-/// Debian 12 has). Elsewhere call it before the first
-/// registration. Returns fork_safety() after. Throws Error (EINVAL when called too late, ENOMEM). The child of a fork() still shares the parent's device files: it must not use
-/// the parent's objects, and should exec (or only _exit) before any verbs of its own.
+/// Debian 12 has). Elsewhere call it before the first registration. Returns fork_safety()
+/// after. Throws Error (EINVAL when called too late, ENOMEM). The child of a fork() still shares
+/// the parent's device files: it must not use the parent's objects, and should exec (or only
+/// _exit) before any verbs of its own.
 ForkSafety fork_init(SourceLocation where = SourceLocation::current());
 /// ibv_is_fork_initialized(3): whether registered memory is safe across fork() now.
 [[nodiscard]] ForkSafety fork_safety() noexcept;
