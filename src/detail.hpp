@@ -54,6 +54,8 @@ inline int poll_ms_until(std::chrono::steady_clock::time_point deadline) noexcep
   return static_cast<int>(std::min<std::int64_t>(left, 1 << 30));
 }
 
+/// A GID table entry as the library gives it (netdev named from its ifindex).
+GidEntry gid_entry(const ibv_gid_entry& e);
 PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num);
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());

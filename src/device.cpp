@@ -287,13 +287,7 @@ GidEntry Device::gid(std::uint32_t index, std::uint8_t port_num) const {
     const int err = detail::rc_to_errno(rc);
     detail::throw_errno(err, "ibv_query_gid_ex(" + slot + (err == ENODATA ? "): an empty slot" : ")"), where);
   }
-  GidEntry g;
-  g.gid = Gid::from_native(e.gid);
-  g.index = e.gid_index;
-  g.type = static_cast<GidType>(e.gid_type);
-  char name[IF_NAMESIZE] = {};
-  if (e.ndev_ifindex != 0 && ::if_indextoname(e.ndev_ifindex, name) != nullptr) g.netdev = name;
-  return g;
+  return detail::gid_entry(e);
 }
 
 std::vector<std::uint16_t> Device::pkey_table(std::uint8_t port_num) const {
@@ -378,6 +372,16 @@ std::optional<AsyncEvent> Device::wait_async_event(std::chrono::milliseconds tim
 
 namespace detail {
 
+GidEntry gid_entry(const ibv_gid_entry& e) {
+  GidEntry g;
+  g.gid = Gid::from_native(e.gid);
+  g.index = e.gid_index;
+  g.type = static_cast<GidType>(e.gid_type);
+  char name[IF_NAMESIZE] = {};
+  if (e.ndev_ifindex != 0 && ::if_indextoname(e.ndev_ifindex, name) != nullptr) g.netdev = name;
+  return g;
+}
+
 PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
   PortInfo p;
   check_rc(ibv_query_port(ctx, port_num, &p.raw), "ibv_query_port", where);
@@ -436,14 +440,8 @@ std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num) {
             [](const ibv_gid_entry& x, const ibv_gid_entry& y) { return x.gid_index < y.gid_index; });
   std::vector<GidEntry> out;
   for (const ibv_gid_entry& e : entries) {
-    GidEntry g;
-    g.gid = Gid::from_native(e.gid);
-    if (g.gid.is_zero()) continue;
-    g.index = e.gid_index;
-    g.type = static_cast<GidType>(e.gid_type);
-    char name[IF_NAMESIZE] = {};
-    if (e.ndev_ifindex != 0 && ::if_indextoname(e.ndev_ifindex, name) != nullptr) g.netdev = name;
-    out.push_back(std::move(g));
+    GidEntry g = gid_entry(e);
+    if (!g.gid.is_zero()) out.push_back(std::move(g));
   }
   return out;
 }

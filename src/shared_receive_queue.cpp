@@ -45,9 +45,9 @@ void SharedReceiveQueue::resize(std::uint32_t max_wr, SourceLocation where) {
     detail::throw_errno(EOPNOTSUPP, "SharedReceiveQueue::resize: the device does not resize SRQs (no IBV_DEVICE_SRQ_RESIZE)", where);
   if (max_wr > static_cast<std::uint32_t>(dev.max_srq_wr))
     detail::throw_errno(EINVAL,
-                "SharedReceiveQueue::resize: " + std::to_string(max_wr) + " receives, over the device's max_srq_wr of " +
-                    std::to_string(dev.max_srq_wr),
-                where);
+                        "SharedReceiveQueue::resize: " + std::to_string(max_wr) +
+                            " receives, over the device's max_srq_wr of " + std::to_string(dev.max_srq_wr),
+                        where);
   ibv_srq_attr a{};
   a.max_wr = max_wr;
   detail::check_rc(ibv_modify_srq(srq_.get(), &a, IBV_SRQ_MAX_WR),
