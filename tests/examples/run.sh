@@ -102,6 +102,22 @@ finish() {
   pids=() labels=()
 }
 
+# echoing PID SECONDS: waits until a connection of process PID (a client started here) is in the
+# middle of its traffic: one of its RC queue pairs (`rdma resource show qp` names the thread that
+# made it) is in RTS and has received since first seen. An echo that came back means the server
+# took the connection too. Returns 1 if that did not happen within SECONDS.
+echoing() {
+  local pid=$1 deadline=$((SECONDS + $2)) first="" task psn
+  while ((SECONDS < deadline)) && kill -0 "$pid" 2>/dev/null; do
+    while read -r task psn; do
+      [ -e "/proc/$pid/task/$task" ] || continue
+      if [ -z "$first" ]; then first=$psn; elif [ "$psn" != "$first" ]; then return 0; fi
+    done < <(rdma resource show qp 2>/dev/null | sed -En 's/^.* type RC state RTS rq-psn ([0-9]+) .* pid ([0-9]+) .*$/\2 \1/p')
+    sleep 0.2
+  done
+  return 1
+}
+
 # expect LABEL REGEX [COUNT]: LABEL's stdout has COUNT (default 1) lines matching REGEX.
 expect() {
   local n
@@ -201,8 +217,14 @@ case $case_name in
     start_server -c 53 -i 5
     start silent -p "$port" -n 0 -w 12 "$server_addr"
     start victim -p "$port" -n 100000000 "$server_addr"
-    sleep 2
-    pkill -KILL -P "${pids[2]}"  # the victim itself, not the timeout(1) that runs it
+    # Killed once it is echoing: a fixed 2 s was not enough under ASan in CI, and the victim died
+    # in its handshake (the server said "the handshake failed", not "gone").
+    for _ in {1..50}; do  # the victim itself, not the timeout(1) that runs it
+      victim=$(pgrep -P "${pids[2]}") && break
+      sleep 0.1
+    done
+    echoing "${victim:-0}" $((30 * scale)) || fail "the victim (pid ${victim:-?}) was not echoing within $((30 * scale)) s"
+    kill -KILL "${victim:-0}" 2>/dev/null
     start many -p "$port" -c 50 -n 100 -s 256 "$server_addr"
     wait "${pids[3]}" || fail "the 50 clients failed"
     start last -p "$port" -n 10 "$server_addr"
