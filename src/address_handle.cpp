@@ -77,4 +77,12 @@ AddressHandle AddressHandle::reply_to(const ProtectionDomain& pd, const Completi
   return AddressHandle(std::shared_ptr<ibv_ah>(ah, [pd = pd.shared_handle()](ibv_ah* h) { ibv_destroy_ah(h); }));
 }
 
+AddressHandle AddressHandle::from_attributes(const ProtectionDomain& pd, const ibv_ah_attr& attr, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "AddressHandle::from_attributes: the ProtectionDomain", where);
+  ibv_ah_attr copy = attr;
+  ibv_ah* ah = ibv_create_ah(pd.native_handle(), &copy);
+  if (ah == nullptr) detail::throw_errno(errno != 0 ? errno : EIO, "ibv_create_ah", where);
+  return AddressHandle(std::shared_ptr<ibv_ah>(ah, [pd = pd.shared_handle()](ibv_ah* h) { ibv_destroy_ah(h); }));
+}
+
 }  // namespace verbs

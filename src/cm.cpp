@@ -1,5 +1,6 @@
 #include "verbs/cm.hpp"
 
+#include "cm_internal.hpp"
 #include "cm_private_data.hpp"
 #include "detail.hpp"
 
@@ -20,7 +21,8 @@
 #include <unordered_map>
 
 namespace verbs::cm {
-namespace {
+// The helpers src/cm_datagram.cpp shares are declared in cm_internal.hpp.
+namespace internal {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -51,9 +53,10 @@ std::shared_ptr<rdma_cm_id> own_id(rdma_cm_id* id, std::shared_ptr<rdma_event_ch
   return {id, [ch = std::move(ch)](rdma_cm_id* i) { rdma_destroy_id(i); }};
 }
 
-std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase, SourceLocation where) {
+std::shared_ptr<rdma_cm_id> make_id(const std::shared_ptr<rdma_event_channel>& ch, Phase phase, SourceLocation where,
+                                    rdma_port_space ps) {
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch.get(), &id, nullptr, RDMA_PS_TCP) != 0) fail(errno, phase, "rdma_create_id", where);
+  if (rdma_create_id(ch.get(), &id, nullptr, ps) != 0) fail(errno, phase, "rdma_create_id", where);
   return own_id(id, ch);
 }
 
@@ -92,16 +95,6 @@ std::string address_text(const sockaddr* sa) {
   return {};
 }
 
-struct Event {
-  rdma_cm_event_type type{};
-  int status = 0;
-  rdma_cm_id* id = nullptr;
-  std::vector<std::byte> private_data;
-  // Of a connection request, from this side's point of view (the kernel swaps the request's
-  // fields): the reads/atomics the peer will have in flight to us, and those it can take from us.
-  std::uint8_t responder_resources = 0, initiator_depth = 0;
-};
-
 /// The next event on `ch`, acknowledged; empty when `deadline` passes first (ec clear) or on
 /// failure (ec set).
 std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadline, std::error_code& ec) {
@@ -116,9 +109,20 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
         const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
         e.private_data.assign(p, p + ev->param.conn.private_data_len);
       }
-      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      const bool datagram = ev->id != nullptr && ev->id->ps == RDMA_PS_UDP;
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST && !datagram) {
         e.responder_resources = ev->param.conn.responder_resources;
         e.initiator_depth = ev->param.conn.initiator_depth;
+      }
+      const bool multicast = e.type == RDMA_CM_EVENT_MULTICAST_JOIN || e.type == RDMA_CM_EVENT_MULTICAST_ERROR;
+      if (multicast) {
+        // librdmacm puts the join's context where the private data would be.
+        e.context = ev->param.ud.private_data;
+      }
+      if (datagram && (e.type == RDMA_CM_EVENT_ESTABLISHED || e.type == RDMA_CM_EVENT_MULTICAST_JOIN)) {
+        e.ah_attr = ev->param.ud.ah_attr;
+        e.ud_qp_num = ev->param.ud.qp_num;
+        e.ud_qkey = ev->param.ud.qkey;
       }
       rdma_ack_cm_event(ev);
       return e;
@@ -143,7 +147,7 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
 
 /// `e` when it is `wanted` (or `also`); any other event ends the phase with an error saying which.
 Event check_event(Event e, rdma_cm_event_type wanted, Phase phase, SourceLocation where,
-                  std::optional<rdma_cm_event_type> also = std::nullopt) {
+                  std::optional<rdma_cm_event_type> also) {
   if (e.type == wanted || (also && e.type == *also)) return e;
   const std::string what = std::string(rdma_event_str(e.type)) + " (status " + std::to_string(e.status) + ")";
   switch (e.type) {
@@ -169,7 +173,7 @@ Event check_event(Event e, rdma_cm_event_type wanted, Phase phase, SourceLocatio
 /// error saying which.
 Event expect_event(rdma_event_channel* ch, rdma_cm_event_type wanted, Clock::time_point deadline, Phase phase,
                    std::chrono::milliseconds budget, SourceLocation where,
-                   std::optional<rdma_cm_event_type> also = std::nullopt) {
+                   std::optional<rdma_cm_event_type> also) {
   std::error_code ec;
   std::optional<Event> e = next_event(ch, deadline, ec);
   if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
@@ -262,6 +266,20 @@ rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::by
 /// alive for as long as anything made from it lives.
 Device device_of(const std::shared_ptr<rdma_cm_id>& id) {
   return Device::adopt(std::shared_ptr<ibv_context>(id->verbs, [id](ibv_context*) {}));
+}
+
+void set_bind_options(rdma_cm_id* id, bool reuse_address, std::optional<bool> ipv6_only, Phase phase,
+                      SourceLocation where) {
+  if (reuse_address) {
+    int one = 1;
+    if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) != 0)
+      fail(errno, phase, "rdma_set_option(REUSEADDR)", where);
+  }
+  if (ipv6_only) {
+    int only = *ipv6_only ? 1 : 0;
+    if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &only, sizeof only) != 0)
+      fail(errno, phase, "rdma_set_option(AFONLY)", where);
+  }
 }
 
 /// Completions an exchange() polled that were not its own, kept for the CQ they came from. A CQ
@@ -393,7 +411,8 @@ struct HeldLink {
   int fd = -1;
 };
 
-}  // namespace
+}  // namespace internal
+using namespace internal;
 
 std::string_view to_string(Phase p) noexcept {
   switch (p) {
@@ -1377,6 +1396,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
   impl_->handshake_timeout = options.handshake_timeout;
   sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
   const std::string bound = std::string(address) + ":" + std::to_string(port);
+  set_bind_options(impl_->id.get(), false, options.ipv6_only, Phase::listen, where);
   if (rdma_bind_addr(impl_->id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
     fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
   const bool wildcard = address.empty() || address == "0.0.0.0" || address == "::";

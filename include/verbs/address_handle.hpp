@@ -44,6 +44,11 @@ class AddressHandle {
   /// 40 bytes of the receive buffer.
   [[nodiscard]] static AddressHandle reply_to(const ProtectionDomain& pd, const Completion& wc, const void* grh,
                                               std::uint8_t port = 1);
+  /// ibv_create_ah(3) with attributes made elsewhere: rdma_cm's (rdma_ud_param::ah_attr of a
+  /// UD peer or multicast group, as cm::Datagram uses), or ibv_init_ah_from_wc(3)'s. Throws
+  /// Error with the errno.
+  [[nodiscard]] static AddressHandle from_attributes(const ProtectionDomain& pd, const ibv_ah_attr& attr,
+                                                     SourceLocation where = SourceLocation::current());
 
   ///@{
   /// Move-only: the moved-from object is empty.

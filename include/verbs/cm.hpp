@@ -162,6 +162,10 @@ struct ListenOptions {
   /// confirm (ESTABLISHED), ConnectionOptions::before_handshake included. Separate from
   /// accept()'s own timeout, which is for a request to arrive.
   std::chrono::milliseconds handshake_timeout = 10s;
+  /// RDMA_OPTION_ID_AFONLY before binding: for an IPv6 address ("::"), true listens for IPv6
+  /// only, false for IPv4 too (its IPv4-mapped form); empty keeps the system's default
+  /// (net.ipv6.bindv6only).
+  std::optional<bool> ipv6_only = std::nullopt;
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it

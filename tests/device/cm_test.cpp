@@ -2001,5 +2001,20 @@ TEST_F(Cm, AnEventAWaitReadsIsNotItsEndAndIsKeptForTheUser) {
   EXPECT_EQ(it->type, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
+TEST_F(Cm, AnIpv6OnlyListenerOnTheWildcardRefusesIpv4Clients) {
+  // "::" listens for IPv4 too (its IPv4-mapped form) unless told otherwise; rdma_cm's AFONLY
+  // must be set before the bind, which the Listener does from ListenOptions::ipv6_only.
+  cm::Listener both("::", 0, {.ipv6_only = false});
+  auto accepted = std::async(std::launch::async, [&] { return both.accept(10s); });
+  cm::Connection c = cm::connect(test_addr(), both.port(), {.timeout = 10s});
+  cm::Connection s = accepted.get();
+  EXPECT_TRUE(c.connected());
+
+  cm::Listener only("::", 0, {.ipv6_only = true});
+  const auto e = connect_error([&] { (void)cm::connect(test_addr(), only.port(), {.timeout = 5s}); });
+  ASSERT_TRUE(e) << "an IPv4 client reached an IPv6-only listener";
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+}
+
 }  // namespace
 }  // namespace verbs::test

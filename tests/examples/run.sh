@@ -84,6 +84,53 @@ start_server() {
   done
 }
 
+# start_tool LABEL CMD...: as start, for a program of rdma-core's (udaddy, mckey) instead of an
+# example: CMD as given, under timeout(1) only.
+start_tool() {
+  local label=$1 remote=()
+  shift
+  [ "$label" = server ] && remote=("${on_server[@]}")
+  echo "\$ $*   # $label${remote[*]:+ (on $server_addr)}"
+  "${remote[@]}" timeout -k 5 "$limit" "$@" >"$work/$label.out" 2>"$work/$label.err" &
+  pids+=($!)
+  labels+=("$label")
+}
+
+# wait_line LABEL REGEX: waits until LABEL's stdout has a line matching REGEX, for at most
+# 30 s (scaled); fails the test and stops everything when it does not come.
+wait_line() {
+  local deadline=$((SECONDS + 30 * scale))
+  until grep -Eq -- "$2" "$work/$1.out" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      kill -TERM "${pids[@]}" 2>/dev/null
+      finish 0
+      fail "$1 did not print /$2/ within $((30 * scale)) s"
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+
+# listening PORT: waits until something on the server's host listens on rdma_cm port PORT
+# (`rdma resource show cm_id`), for at most 30 s (scaled): for a tool that says nothing when it
+# does (udaddy).
+listening() {
+  local deadline=$((SECONDS + 30 * scale)) out
+  while ((SECONDS < deadline)); do
+    if [ ${#on_server[@]} -gt 0 ]; then
+      out=$("${on_server[0]}" run rdma resource show cm_id 2>/dev/null)
+    else
+      out=$(rdma resource show cm_id 2>/dev/null)
+    fi
+    grep -Eq "state LISTEN .*src-addr [^ ]+:$1( |\$)" <<<"$out" && return 0
+    sleep 0.2
+  done
+  kill -TERM "${pids[@]}" 2>/dev/null
+  finish 0
+  fail "nothing listened on port $1 within $((30 * scale)) s"
+  exit 1
+}
+
 # finish STATUS: waits for every process started, shows its output, and checks its status.
 finish() {
   local expected=$1 i status
@@ -139,7 +186,7 @@ fi
 
 case $case_name in
   help)
-    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server $( [ -x "$bin/echo_asio" ] && echo echo_asio); do
+    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server datagram $( [ -x "$bin/echo_asio" ] && echo echo_asio); do
       start help --help
       finish 0
       expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
@@ -148,6 +195,13 @@ case $case_name in
       finish 1
       expect_err bad "^$prog: unknown option -q \(see --help\)$"
     done
+    prog=multicast  # no server or client: a receiver or a sender
+    start help --help
+    finish 0
+    expect help '^Usage: multicast \[-a BIND_ADDR\] \[-n MESSAGES\] \[-s SIZE\] \[-t SECONDS\] GROUP +\(receiver\)$'
+    start bad -q 1
+    finish 1
+    expect_err bad '^multicast: unknown option -q \(see --help\)$'
     ;;
   write_pingpong)
     # Small messages for the latency, then multi-packet ones (rxe's MTU is 1024 here).
@@ -249,6 +303,62 @@ case $case_name in
       longest=$(sed -En 's/^.*: served .*; longest (step|stall) ([0-9]*) ms$/\2/p' "$work/server.out")
       [ -n "$longest" ] && [ "$longest" -lt $((1000 * scale)) ] || fail "a round of the server's loop took ${longest:-?} ms (bound $((1000 * scale)) ms)"
     fi
+    ;;
+  datagram)
+    # UD through rdma_cm: the client resolves the server's QP (SIDR), sends, and gets as many
+    # replies, sent to the QP number in its immediate data.
+    start_server -n 20 -s 256
+    start client -p "$port" -n 20 -s 256 "$server_addr"
+    finish 0
+    expect client '^datagram: resolved .*: QP [0-9]+, Q_Key 0x1234567$'
+    expect client '^datagram: sent 20 messages of 256 bytes and received as many replies$'
+    expect server "^datagram: $addr:[0-9]+: received 20 messages of 256 bytes and answered each\$"
+    ;;
+  datagram.udaddy)
+    # rdma-core's udaddy against ours both ways, on its port (7174): its server and our client,
+    # then our server and its client. udaddy says "return status 0" when all went through.
+    command -v udaddy >/dev/null || { echo "$case_name: skipped: no udaddy (rdmacm-utils)"; exit 77; }
+    start_tool server udaddy -b "$server_addr"
+    listening 7174
+    start client -p 7174 "$server_addr"
+    finish 0
+    expect client '^datagram: sent 10 messages of 100 bytes and received as many replies$'
+    expect server '^return status 0$'
+    start_server -p 7174
+    start_tool client udaddy -s "$server_addr" -b "$addr"
+    finish 0
+    expect client '^return status 0$'
+    expect server "^datagram: $addr:[0-9]+: received 10 messages of 100 bytes and answered each\$"
+    ;;
+  multicast)
+    # Two receivers (one on the server's host) join a group, then a sender sends to it.
+    group=239.1.3.1
+    start server -a "$server_addr" -n 20 -s 200 "$group"
+    start receiver -a "$addr" -n 20 -s 200 "$group"
+    wait_line server '^multicast: joined '
+    wait_line receiver '^multicast: joined '
+    start sender -S -a "$addr" -n 20 -s 200 "$group"
+    finish 0
+    expect sender "^multicast: sent 20 messages of 200 bytes to $group\$"
+    expect server "^multicast: received 20 messages of 200 bytes from $group\$"
+    expect receiver "^multicast: received 20 messages of 200 bytes from $group\$"
+    ;;
+  multicast.mckey)
+    # rdma-core's mckey against ours both ways: its receiver and our sender, then ours and its.
+    command -v mckey >/dev/null || { echo "$case_name: skipped: no mckey (rdmacm-utils)"; exit 77; }
+    group=239.1.3.2
+    start_tool server stdbuf -oL mckey -m "$group" -b "$server_addr"  # its lines as they come, not at exit
+    wait_line server '^mckey: joined dgid'
+    start client -S -a "$addr" "$group"
+    finish 0
+    expect server '^return status 0$'
+    expect client "^multicast: sent 10 messages of 100 bytes to $group\$"
+    start server -a "$server_addr" "$group"
+    wait_line server '^multicast: joined '
+    start_tool client mckey -m "$group" -b "$addr" -s
+    finish 0
+    expect client '^return status 0$'
+    expect server "^multicast: received 10 messages of 100 bytes from $group\$"
     ;;
   read_remote)
     # The default 1 MiB, in reads of a size that does not divide it.

@@ -1,7 +1,8 @@
 # The example programs run as a server and its clients (tests/examples/run.sh). The device
 # cases skip (77) without an RDMA device; example.help needs none.
 # Included from tests/CMakeLists.txt when the examples are built.
-set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv echo_epoll echo_threads read_remote atomic_counter srq_server)
+set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv echo_epoll echo_threads read_remote atomic_counter srq_server
+    datagram datagram.udaddy multicast multicast.mckey)
 if(VERBS_ASIO_COROUTINES)  # examples/CMakeLists.txt builds echo_asio then
   list(APPEND verbs_example_cases echo_asio)
 endif()

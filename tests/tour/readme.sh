@@ -3,6 +3,7 @@
 #   readme.sh tour PROGRAM     the server (PROGRAM) and a client (PROGRAM ADDR)
 #   readme.sh expose PROGRAM   the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
 #   readme.sh ud PROGRAM       one process, both QPs
+#   readme.sh datagram PROGRAM one process (PROGRAM ADDR): UD and multicast through rdma_cm
 # VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh. Under
 # scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the other host.
 set -u
@@ -45,6 +46,11 @@ case "$name" in
     out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
     echo "exit $rc: $out"
     [ "$rc" -eq 0 ] && [[ "$out" == *"b got 'ping' (5 bytes) from QP "* ]] && [[ "$out" == *"a got 'pong'"* ]]
+    ;;
+  datagram)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"server got 'hello' from QP "* ]] && [[ "$out" == *"member got 'to all'"* ]]
     ;;
   *) echo "readme.sh: unknown snippet $name" >&2; exit 2 ;;
 esac

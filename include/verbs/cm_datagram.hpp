@@ -1,0 +1,168 @@
+// verbs::cm::Datagram: a UD queue pair on an rdma_cm id of RDMA_PS_UDP (rdma_cm(7) beyond RC):
+// peers found by address (resolve() asks a listening Datagram for its QP number, by SIDR) and
+// multicast groups (join(), leave()), with the same deadlines and named failures as cm::connect.
+// Built on the core; the core knows nothing of it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rdma/rdma_cma.h>
+
+#include "verbs/address_handle.hpp"
+#include "verbs/cm.hpp"
+#include "verbs/completion_queue.hpp"
+#include "verbs/device.hpp"
+#include "verbs/protection_domain.hpp"
+#include "verbs/queue_pair.hpp"
+
+namespace verbs::cm {
+
+/// rdma_cm's Q_Key for RDMA_PS_UDP (RDMA_UDP_QKEY): a Datagram's QP takes it, and the peers
+/// and groups rdma_cm resolves give it; rdma-core's udaddy and mckey use it too.
+inline constexpr std::uint32_t datagram_qkey = RDMA_UDP_QKEY;
+/// The QP number a multicast group is sent to (DatagramPeer::qp_num of a joined group).
+inline constexpr std::uint32_t multicast_qp_num = 0xffffff;
+/// Private-data limit of a resolve() request (SIDR REQ, after rdma_cm's own header).
+inline constexpr std::size_t max_resolve_private_data = 180;
+/// Private-data limit of an answer (SIDR REP, Datagram::accept).
+inline constexpr std::size_t max_answer_private_data = 136;
+
+/// Where UD sends go for a peer or group rdma_cm resolved (rdma_ud_param): post
+/// `SendWr::send(slice).to(peer.ah, peer.qp_num, peer.qkey)` on the Datagram's QP.
+struct DatagramPeer {
+  AddressHandle ah;              ///< on the Datagram's PD
+  std::uint32_t qp_num = 0;      ///< the peer's QP, or multicast_qp_num for a group
+  std::uint32_t qkey = 0;        ///< the peer's Q_Key (datagram_qkey)
+  /// The listener's answer to resolve() (zero-padded by the transport: encode your own
+  /// length); empty for a group.
+  std::vector<std::byte> private_data;
+};
+
+/// How a Datagram is made.
+struct DatagramOptions {
+  /// Must be UD (anything else: EINVAL). Its qkey is replaced by datagram_qkey, the one
+  /// rdma_cm gives peers.
+  QpOptions qp = {.type = QpType::ud};
+  int cq_depth = 256;  ///< depth of the CQs the Datagram creates (with a completion channel)
+  /// Share a PD of the same device (cm::device_for() the address) instead of making one.
+  const ProtectionDomain* pd = nullptr;
+  CompletionQueue* send_cq = nullptr;  ///< share a send CQ of the same device instead of creating one
+  CompletionQueue* recv_cq = nullptr;  ///< share a receive CQ of the same device instead of creating one
+  /// RDMA_OPTION_ID_REUSEADDR before binding (rdma_set_option(3)): the port may be bound again
+  /// while other ids that asked for it too hold it, as SO_REUSEADDR does for sockets.
+  bool reuse_address = false;
+};
+
+/// How Datagram::resolve() reaches a listening Datagram.
+struct ResolveOptions {
+  std::chrono::milliseconds timeout = 10s;         ///< deadline for the whole resolve
+  std::chrono::milliseconds resolve_timeout = 2s;  ///< each of address and route resolution
+  /// Raw bytes for the listener (up to max_resolve_private_data; it sees them zero-padded).
+  std::span<const std::byte> private_data{};
+};
+
+/// A request a listening Datagram answered (accept()).
+struct DatagramRequest {
+  /// The requester's "address:port": the port is its request's (resolve() asks from a
+  /// short-lived id of its own), not its Datagram's.
+  std::string peer_address;
+  std::vector<std::byte> private_data; ///< what it sent (zero-padded by the transport)
+};
+
+/// A UD queue pair on an rdma_cm id of RDMA_PS_UDP, bound to a local address: its device, PD,
+/// CQs and QP (in RTS, Q_Key datagram_qkey). One QP talks to every peer: resolve() gives a
+/// DatagramPeer for a listening Datagram elsewhere, join() one for a multicast group, and a
+/// receive's sender is answered with AddressHandle::reply_to(). Receives need 40 bytes more
+/// than the message (the GRH), as on any UD QP. Move-only; destroying it leaves its groups and
+/// releases QP, CQs, PD and id in that order.
+///
+/// Threads: one thread at a time for resolve(), accept(), join() and leave() (they read one
+/// event channel); posting and polling follow the core's QueuePair and CompletionQueue rules.
+class Datagram {
+ public:
+  /// Binds to `address` (an address of the RDMA device; "0.0.0.0" or "::" is refused, since a
+  /// QP needs one device) and `port` (0: any free port, see port()), and makes the QP. Throws
+  /// ConnectError (phase listen): EINVAL for a QP type other than UD or a wildcard address,
+  /// EADDRINUSE, ENODEV when no RDMA device has the address.
+  Datagram(std::string_view address, std::uint16_t port = 0, const DatagramOptions& options = {},
+           SourceLocation where = SourceLocation::current());
+  /// Moves the Datagram; the source is left empty (only destruction is allowed).
+  Datagram(Datagram&&) noexcept;
+  /// Moves the Datagram; the one this held is released first.
+  Datagram& operator=(Datagram&&) noexcept;
+  Datagram(const Datagram&) = delete;
+  Datagram& operator=(const Datagram&) = delete;
+  /// Leaves its groups, then destroys QP, CQs, PD and id in that order.
+  ~Datagram();
+
+  /// The device of the bound address (librdmacm's context).
+  [[nodiscard]] Device& device() noexcept;
+  /// The protection domain (its own, or sharing DatagramOptions::pd's).
+  [[nodiscard]] const ProtectionDomain& pd() const noexcept;
+  /// The send completion queue.
+  [[nodiscard]] CompletionQueue& send_cq() noexcept;
+  /// The receive completion queue.
+  [[nodiscard]] CompletionQueue& recv_cq() noexcept;
+  /// The UD queue pair, in RTS.
+  [[nodiscard]] QueuePair& qp() noexcept;
+  /// The port bound (the one the system chose for port 0).
+  [[nodiscard]] std::uint16_t port() const noexcept;
+  /// The bound "address:port".
+  [[nodiscard]] std::string local_address() const;
+  /// The rdma_cm event channel's fd (non-blocking): readable when a listening Datagram has a
+  /// request for try_accept().
+  [[nodiscard]] int fd() const noexcept;
+  /// The rdma_cm id.
+  [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
+
+  /// Asks the listening Datagram at `host`:`port` for its QP (rdma_connect(3) on RDMA_PS_UDP:
+  /// a SIDR request from a short-lived id of its own) and returns where to send to it. Throws
+  /// ConnectError naming the phase: ECONNREFUSED (nothing listens there, or the listener
+  /// refused), ETIMEDOUT (no answer within the options' limits), EHOSTUNREACH, ENODEV (the
+  /// route leaves by another device than this Datagram's), EMSGSIZE (private data over
+  /// max_resolve_private_data, before anything is sent).
+  [[nodiscard]] DatagramPeer resolve(std::string_view host, std::uint16_t port, const ResolveOptions& options = {},
+                                     SourceLocation where = SourceLocation::current());
+
+  /// Listens for resolve() requests (rdma_listen(3)); accept() answers them. Throws
+  /// ConnectError (phase listen), EINVAL once the Datagram has joined a group.
+  void listen(int backlog = 64, SourceLocation where = SourceLocation::current());
+  /// Waits up to `timeout` for a resolve() request and answers it with this QP's number and
+  /// `private_data` (up to max_answer_private_data, checked before waiting). Post receives
+  /// first: the requester may send as soon as it has the answer. Throws ConnectError (phase
+  /// accept): ETIMEDOUT when no request came, EINVAL before listen(), EMSGSIZE, ENODEV when
+  /// the device was removed.
+  DatagramRequest accept(std::chrono::milliseconds timeout, std::span<const std::byte> private_data = {},
+                         SourceLocation where = SourceLocation::current());
+  /// accept() without blocking, for an event loop (call it when fd() is readable): empty when
+  /// no request is pending.
+  std::optional<DatagramRequest> try_accept(std::span<const std::byte> private_data = {},
+                                            SourceLocation where = SourceLocation::current());
+
+  /// Joins the multicast group `group` (rdma_join_multicast(3); IPv4 224.0.0.0/4 or IPv6
+  /// ff00::/8), waits up to `timeout` for rdma_cm to confirm, attaches the QP
+  /// (ibv_attach_mcast(3)) and returns where to send to the group. Throws ConnectError (phase
+  /// connect): EINVAL for an address that is not multicast, for a group already joined, or on
+  /// a listening Datagram; ETIMEDOUT; the status of MULTICAST_ERROR.
+  [[nodiscard]] DatagramPeer join(std::string_view group, std::chrono::milliseconds timeout = 2s,
+                                  SourceLocation where = SourceLocation::current());
+  /// Leaves `group` (ibv_detach_mcast(3), then rdma_leave_multicast(3)): the QP receives no
+  /// more of its messages. Throws ConnectError (EINVAL) for a group not joined.
+  void leave(std::string_view group, SourceLocation where = SourceLocation::current());
+  /// The groups joined, as given to join().
+  [[nodiscard]] std::vector<std::string> groups() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace verbs::cm

@@ -1,0 +1,273 @@
+// verbs::cm::Datagram on a real device: UD through rdma_cm (a SIDR request answered by a
+// listening Datagram, then traffic both ways), multicast (join, send, receive, leave), the
+// failures each names, and the rdma_cm options set before binding.
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+
+#include <verbs/cm.hpp>
+#include <verbs/cm_datagram.hpp>
+
+#include "fixture.hpp"
+
+namespace verbs::test {
+namespace {
+
+using cm::ConnectError;
+using cm::Datagram;
+using cm::Phase;
+
+constexpr std::size_t kGrh = 40;
+
+std::string test_addr() {
+  const char* a = std::getenv("VERBS_TEST_ADDR");
+  return a != nullptr && *a != '\0' ? a : "192.0.2.1";
+}
+
+std::vector<std::byte> bytes_of(std::string_view s) {
+  std::vector<std::byte> v(s.size());
+  std::memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+
+std::string text_of(std::span<const std::byte> b, std::size_t n) {
+  return {reinterpret_cast<const char*>(b.data()), std::min(n, b.size())};  // NOLINT
+}
+
+template <typename F>
+std::optional<ConnectError> connect_error(F&& f) {
+  return thrown_by<ConnectError>(std::forward<F>(f));
+}
+
+/// Skips unless librdmacm can use an RDMA device at the test address.
+class CmDatagram : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      device.emplace(cm::device_for(test_addr()));
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no RDMA device at " << test_addr() << " (set VERBS_TEST_ADDR): " << e.what();
+    }
+  }
+  std::optional<Device> device;
+};
+
+TEST_F(CmDatagram, ResolveGetsTheListenersQpAndTrafficFlowsBothWays) {
+  Datagram server(test_addr(), 0);
+  server.listen();
+  auto sbuf = MemoryRegion::allocate(server.pd(), 4096, Access::local_write);
+  ASSERT_TRUE(posted(server.qp().post_recv(sbuf.slice(0, kGrh + 256), 1)));
+
+  Datagram client(test_addr(), 0);
+  auto cbuf = MemoryRegion::allocate(client.pd(), 4096, Access::local_write);
+  ASSERT_TRUE(posted(client.qp().post_recv(cbuf.slice(0, kGrh + 256), 2)));
+
+  const auto hi = bytes_of("hello, server");
+  auto answered = std::async(std::launch::async, [&] { return server.accept(10s, bytes_of("welcome")); });
+  cm::DatagramPeer peer = client.resolve(test_addr(), server.port(), {.private_data = hi});
+  const cm::DatagramRequest req = answered.get();
+
+  EXPECT_EQ(peer.qp_num, server.qp().qp_num());
+  EXPECT_EQ(peer.qkey, cm::datagram_qkey);
+  EXPECT_EQ(text_of(peer.private_data, 7), "welcome");
+  EXPECT_EQ(text_of(req.private_data, hi.size()), "hello, server");
+  // From the client's address, and the port of its request's own short-lived id.
+  const std::string client_address = client.local_address();
+  EXPECT_EQ(req.peer_address.substr(0, req.peer_address.rfind(':')), client_address.substr(0, client_address.rfind(':')));
+  EXPECT_EQ(server.qp().query().qkey, cm::datagram_qkey);
+
+  // Client to server, through what resolve() gave.
+  const std::string msg = "a datagram through rdma_cm";
+  std::memcpy(cbuf.data() + 1024, msg.data(), msg.size());
+  ASSERT_TRUE(posted(client.qp().post(
+      SendWr::send(cbuf.slice(1024, msg.size()), {.wr_id = 3, .signaled = true}).to(peer.ah, peer.qp_num, peer.qkey))));
+  EXPECT_TRUE(completed(expect_completion(client.send_cq()), WcOpcode::send, 3));
+  const Completion got = expect_completion(server.recv_cq());
+  ASSERT_TRUE(completed(got, WcOpcode::recv, 1));
+  EXPECT_EQ(got.byte_len(), kGrh + msg.size());
+  EXPECT_EQ(got.src_qp(), client.qp().qp_num());
+  EXPECT_EQ(text_of(sbuf.bytes().subspan(kGrh), msg.size()), msg);
+
+  // And back, to the sender of that receive.
+  const AddressHandle back = AddressHandle::reply_to(server.pd(), got, sbuf.data());
+  const std::string answer = "and one back";
+  std::memcpy(sbuf.data() + 2048, answer.data(), answer.size());
+  ASSERT_TRUE(posted(server.qp().post(SendWr::send(sbuf.slice(2048, answer.size()), {.wr_id = 4, .signaled = true})
+                                          .to(back, got.src_qp(), cm::datagram_qkey))));
+  EXPECT_TRUE(completed(expect_completion(server.send_cq()), WcOpcode::send, 4));
+  const Completion reply = expect_completion(client.recv_cq());
+  ASSERT_TRUE(completed(reply, WcOpcode::recv, 2));
+  EXPECT_EQ(reply.src_qp(), server.qp().qp_num());
+  EXPECT_EQ(text_of(cbuf.bytes().subspan(kGrh), answer.size()), answer);
+}
+
+TEST_F(CmDatagram, OneListenerAnswersManyRequestersWithItsOneQp) {
+  Datagram server(test_addr(), 0);
+  server.listen();
+  auto answering = std::async(std::launch::async, [&] {
+    for (int k = 0; k < 3; ++k) (void)server.accept(10s);
+  });
+  std::vector<Datagram> clients;
+  for (int k = 0; k < 3; ++k) {
+    clients.emplace_back(test_addr(), 0);
+    const cm::DatagramPeer p = clients.back().resolve(test_addr(), server.port());
+    EXPECT_EQ(p.qp_num, server.qp().qp_num()) << "requester " << k;
+  }
+  answering.get();
+}
+
+TEST_F(CmDatagram, ResolveWithNoListenerIsRefusedNamingIt) {
+  Datagram nobody(test_addr(), 0);  // bound, not listening
+  Datagram client(test_addr(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = connect_error([&] { (void)client.resolve(test_addr(), nobody.port(), {.timeout = 5s}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+  EXPECT_EQ(e->phase(), Phase::connect);
+  EXPECT_NE(std::string(e->what()).find("no listening Datagram"), std::string::npos) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST_F(CmDatagram, ResolveToASilentAddressEndsAtItsDeadline) {
+  Datagram client(test_addr(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = connect_error(
+      [&] { (void)client.resolve("192.0.2.77", 4791, {.timeout = 3s, .resolve_timeout = 1s}); });
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->code() == std::errc::timed_out || e->code() == std::errc::host_unreachable) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s + 2s);
+}
+
+TEST_F(CmDatagram, BadOptionsAreRefusedBeforeAnythingIsMadeOrSent) {
+  const auto rc = connect_error([&] { Datagram d(test_addr(), 0, {.qp = {.type = QpType::rc}}); });
+  ASSERT_TRUE(rc);
+  EXPECT_EQ(rc->code(), std::errc::invalid_argument);
+  EXPECT_NE(std::string(rc->what()).find("UD"), std::string::npos) << rc->what();
+
+  const auto wild = connect_error([&] { Datagram d("0.0.0.0", 0); });
+  ASSERT_TRUE(wild);
+  EXPECT_EQ(wild->code(), std::errc::invalid_argument) << wild->what();
+
+  Datagram server(test_addr(), 0);
+  server.listen();
+  Datagram client(test_addr(), 0);
+  const std::vector<std::byte> big(cm::max_resolve_private_data + 1, std::byte{1});
+  const auto e = connect_error([&] { (void)client.resolve(test_addr(), server.port(), {.private_data = big}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::message_size);
+  EXPECT_FALSE(server.try_accept()) << "a request was sent";
+
+  const std::vector<std::byte> big_answer(cm::max_answer_private_data + 1, std::byte{1});
+  EXPECT_EQ(connect_error([&] { (void)server.accept(10ms, big_answer); })->code(), std::errc::message_size);
+  EXPECT_EQ(connect_error([&] { (void)client.accept(10ms); })->code(), std::errc::invalid_argument)
+      << "accept() before listen()";
+  EXPECT_EQ(connect_error([&] { (void)server.accept(50ms); })->code(), std::errc::timed_out);
+}
+
+TEST_F(CmDatagram, PrivateDataAtTheLimitsTravelsBothWays) {
+  Datagram server(test_addr(), 0);
+  server.listen();
+  Datagram client(test_addr(), 0);
+  std::vector<std::byte> ask(cm::max_resolve_private_data), answer(cm::max_answer_private_data);
+  fill_pattern(ask, 5);
+  fill_pattern(answer, 6);
+  auto answered = std::async(std::launch::async, [&] { return server.accept(10s, answer); });
+  const cm::DatagramPeer peer = client.resolve(test_addr(), server.port(), {.private_data = ask});
+  const cm::DatagramRequest req = answered.get();
+  ASSERT_GE(req.private_data.size(), ask.size());
+  EXPECT_TRUE(same_bytes(std::span(req.private_data).first(ask.size()), ask));
+  ASSERT_GE(peer.private_data.size(), answer.size());
+  EXPECT_TRUE(same_bytes(std::span(peer.private_data).first(answer.size()), answer));
+}
+
+/// The group for a test: its own, so that tests never see each other's messages.
+std::string group_for(int k) { return "239.1.2." + std::to_string(k); }
+
+TEST_F(CmDatagram, MulticastReachesEveryMemberUntilItLeaves) {
+  Datagram a(test_addr(), 0), b(test_addr(), 0), c(test_addr(), 0);
+  const std::string g = group_for(1);
+  const cm::DatagramPeer to_group = a.join(g);
+  (void)b.join(g);
+  (void)c.join(g);
+  EXPECT_EQ(to_group.qp_num, cm::multicast_qp_num);
+  EXPECT_EQ(to_group.qkey, cm::datagram_qkey);
+  EXPECT_EQ(b.groups(), std::vector<std::string>{g});
+
+  auto sbuf = MemoryRegion::allocate(a.pd(), 4096, Access::local_write);
+  auto bbuf = MemoryRegion::allocate(b.pd(), 4096, Access::local_write);
+  auto cbuf = MemoryRegion::allocate(c.pd(), 4096, Access::local_write);
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(posted(b.qp().post_recv(bbuf.slice(k * 1024, kGrh + 512), 10 + k)));
+    ASSERT_TRUE(posted(c.qp().post_recv(cbuf.slice(k * 1024, kGrh + 512), 20 + k)));
+  }
+  const std::string msg = "to everyone in the group";
+  std::memcpy(sbuf.data(), msg.data(), msg.size());
+  ASSERT_TRUE(posted(a.qp().post(
+      SendWr::send(sbuf.slice(0, msg.size()), {.wr_id = 1, .signaled = true}).to(to_group.ah, to_group.qp_num, to_group.qkey))));
+  EXPECT_TRUE(completed(expect_completion(a.send_cq()), WcOpcode::send, 1));
+  for (auto* d : {&b, &c}) {
+    const Completion got = expect_completion(d->recv_cq());
+    ASSERT_TRUE(got.ok()) << describe(got);
+    EXPECT_EQ(got.byte_len(), kGrh + msg.size());
+    EXPECT_EQ(got.src_qp(), a.qp().qp_num());
+  }
+  EXPECT_EQ(text_of(bbuf.bytes().subspan(kGrh), msg.size()), msg);
+  EXPECT_EQ(text_of(cbuf.bytes().subspan(kGrh), msg.size()), msg);
+
+  // c leaves: the next message reaches b only.
+  c.leave(g);
+  EXPECT_TRUE(c.groups().empty());
+  ASSERT_TRUE(posted(a.qp().post(
+      SendWr::send(sbuf.slice(0, msg.size()), {.wr_id = 2, .signaled = true}).to(to_group.ah, to_group.qp_num, to_group.qkey))));
+  EXPECT_TRUE(completed(expect_completion(a.send_cq()), WcOpcode::send, 2));
+  EXPECT_TRUE(completed(expect_completion(b.recv_cq()), WcOpcode::recv, 11));
+  expect_no_completion(c.recv_cq(), 1s);
+}
+
+TEST_F(CmDatagram, JoinRefusesWhatIsNotAGroupOrJoinedTwice) {
+  Datagram a(test_addr(), 0);
+  const auto unicast = connect_error([&] { (void)a.join(test_addr()); });
+  ASSERT_TRUE(unicast);
+  EXPECT_EQ(unicast->code(), std::errc::invalid_argument);
+  EXPECT_NE(std::string(unicast->what()).find("not a multicast address"), std::string::npos) << unicast->what();
+
+  const std::string g = group_for(2);
+  (void)a.join(g);
+  EXPECT_EQ(connect_error([&] { (void)a.join(g); })->code(), std::errc::invalid_argument);
+  EXPECT_EQ(connect_error([&] { a.leave(group_for(3)); })->code(), std::errc::invalid_argument);
+  EXPECT_EQ(connect_error([&] { a.listen(); })->code(), std::errc::invalid_argument);
+  a.leave(g);
+  (void)a.join(g);  // and again, once left
+
+  Datagram l(test_addr(), 0);
+  l.listen();
+  EXPECT_EQ(connect_error([&] { (void)l.join(group_for(4)); })->code(), std::errc::invalid_argument);
+}
+
+TEST_F(CmDatagram, DestroyingAMemberLeavesItsGroups) {
+  // Destroyed while joined: the group is left, and joining it again from a new Datagram works.
+  const std::string g = group_for(5);
+  {
+    Datagram a(test_addr(), 0);
+    (void)a.join(g);
+  }
+  Datagram b(test_addr(), 0);
+  EXPECT_NO_THROW((void)b.join(g));
+}
+
+TEST_F(CmDatagram, ReuseAddressLetsTwoBindThePortOnlyWhenBothAsk) {
+  Datagram first(test_addr(), 0);
+  const auto busy = connect_error([&] { Datagram second(test_addr(), first.port()); });
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->code(), std::errc::address_in_use) << busy->what();
+
+  Datagram shared(test_addr(), 0, {.reuse_address = true});
+  EXPECT_NO_THROW(Datagram again(test_addr(), shared.port(), {.reuse_address = true}));
+  const auto one_asked = connect_error([&] { Datagram again(test_addr(), shared.port()); });
+  ASSERT_TRUE(one_asked) << "bound without asking to reuse";
+  EXPECT_EQ(one_asked->code(), std::errc::address_in_use);
+}
+
+}  // namespace
+}  // namespace verbs::test
