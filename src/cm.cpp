@@ -103,13 +103,15 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(ch, &ev) == 0) {
       Event e{ev->event, ev->status, ev->id, {}};
+      const bool datagram = ev->id != nullptr && ev->id->ps == RDMA_PS_UDP;
+      // A SIDR reply that refuses (UNREACHABLE on a UD id) carries the refusing side's data.
       const bool carries_data = e.type == RDMA_CM_EVENT_CONNECT_REQUEST || e.type == RDMA_CM_EVENT_ESTABLISHED ||
-                                e.type == RDMA_CM_EVENT_REJECTED || e.type == RDMA_CM_EVENT_CONNECT_RESPONSE;
+                                e.type == RDMA_CM_EVENT_REJECTED || e.type == RDMA_CM_EVENT_CONNECT_RESPONSE ||
+                                (datagram && e.type == RDMA_CM_EVENT_UNREACHABLE);
       if (carries_data && ev->param.conn.private_data != nullptr) {
         const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
         e.private_data.assign(p, p + ev->param.conn.private_data_len);
       }
-      const bool datagram = ev->id != nullptr && ev->id->ps == RDMA_PS_UDP;
       if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST && !datagram) {
         e.responder_resources = ev->param.conn.responder_resources;
         e.initiator_depth = ev->param.conn.initiator_depth;

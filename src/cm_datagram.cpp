@@ -17,7 +17,11 @@ using std::chrono::milliseconds;
 
 namespace {
 
-bool is_wildcard(std::string_view a) { return a.empty() || a == "0.0.0.0" || a == "::"; }
+bool is_wildcard(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr == htonl(INADDR_ANY);  // NOLINT
+  if (a.ss_family == AF_INET6) return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);  // NOLINT
+  return false;
+}
 
 bool is_multicast(const sockaddr_storage& a) {
   if (a.ss_family == AF_INET) return IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr));  // NOLINT
@@ -78,7 +82,8 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
     fail(EINVAL, Phase::listen,
          "DatagramOptions::qp.type is " + std::string(to_string(o.qp.type)) + ": a Datagram is a UD QP; nothing was made",
          where);
-  if (is_wildcard(address))
+  sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
+  if (address.empty() || is_wildcard(a))
     fail(EINVAL, Phase::listen,
          "a Datagram needs the address of one RDMA device, not the wildcard '" + std::string(address) +
              "' (its QP lives on one device); nothing was made",
@@ -87,12 +92,16 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
   d.channel = make_channel(Phase::listen, where);
   d.id = make_id(d.channel, Phase::listen, where, RDMA_PS_UDP);
   set_bind_options(d.id.get(), o.reuse_address, std::nullopt, Phase::listen, where);
-  sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
   if (rdma_bind_addr(d.id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
     fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
   if (d.id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
   d.port = ntohs(rdma_get_src_port(d.id.get()));
-  d.device.emplace(device_of(d.id));
+  // The Device keeps an id of its own alive (device_for's), not this one: whatever outlives
+  // the Datagram (an AddressHandle of a DatagramPeer, a region on its PD) must not keep its
+  // port bound, or its listener listening with nobody to answer.
+  d.device.emplace(device_for(address, where));
+  if (d.device->native_handle() != d.id->verbs)
+    fail(ENODEV, Phase::listen, "rdma_cm gave " + std::string(address) + " two device contexts", where);
   const auto check_same = [&](const auto* given, const char* what) {
     if (given->native_handle() == nullptr) fail(EINVAL, Phase::listen, std::string(what) + " is empty (a moved-from object)", where);
     if (given->native_handle()->context != d.id->verbs)
@@ -182,10 +191,7 @@ DatagramPeer Datagram::resolve(std::string_view host, std::uint16_t port, const 
   p.private_data_len = static_cast<std::uint8_t>(o.private_data.size());
   if (rdma_connect(id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect (SIDR request)", where);
   std::error_code ec;
-  std::optional<Event> e = next_event(ch.get(), deadline, ec);
-  while (!ec && e && e->type != RDMA_CM_EVENT_ESTABLISHED && e->type != RDMA_CM_EVENT_UNREACHABLE &&
-         e->type != RDMA_CM_EVENT_REJECTED && e->type != RDMA_CM_EVENT_DEVICE_REMOVAL)
-    e = next_event(ch.get(), deadline, ec);  // nothing else concerns a SIDR request
+  std::optional<Event> e = next_event(ch.get(), deadline, ec);  // any but ESTABLISHED ends it, named
   if (ec) fail(ec.value(), Phase::connect, target + ": rdma_get_cm_event", where);
   if (!e) fail_no_answer(Phase::connect, o.timeout, where);
   if (e->type == RDMA_CM_EVENT_UNREACHABLE) {
@@ -197,7 +203,9 @@ DatagramPeer Datagram::resolve(std::string_view host, std::uint16_t port, const 
                          target + ": no listening Datagram on that port" + what, e->status, e->private_data, where);
     if (e->status == 2)
       throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), Phase::connect,
-                         target + ": the listener refused the request" + what, e->status, e->private_data, where);
+                         target + ": refused (the listener rejected it, or nothing listens at that address on that "
+                                  "device)" + what,
+                         e->status, e->private_data, where);
     if (e->status == -ETIMEDOUT) fail(ETIMEDOUT, Phase::connect, target + ": no answer to the SIDR request" + what, where);
     fail(EHOSTUNREACH, Phase::connect, target + ": unreachable" + what, where);
   }
@@ -280,7 +288,9 @@ DatagramPeer Datagram::join(std::string_view group, milliseconds timeout, Source
                                                   std::to_string(timeout.count()) + " ms", where);
       if (got->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
         fail(ENODEV, Phase::connect, "the Datagram's RDMA device was removed (DEVICE_REMOVAL)", where);
-      if (got->context != g.get()) continue;  // a group left before its answer came
+      // Another group's news: a later MULTICAST_ERROR of a group joined before (not kept: see
+      // the note), or nothing this join waits for.
+      if (got->context != g.get()) continue;
       if (got->type == RDMA_CM_EVENT_MULTICAST_ERROR)
         fail(got->status < 0 ? -got->status : EIO, Phase::connect,
              name + ": the join failed (MULTICAST_ERROR, status " + std::to_string(got->status) + ")", where);

@@ -82,7 +82,9 @@ struct DatagramRequest {
 /// DatagramPeer for a listening Datagram elsewhere, join() one for a multicast group, and a
 /// receive's sender is answered with AddressHandle::reply_to(). Receives need 40 bytes more
 /// than the message (the GRH), as on any UD QP. Move-only; destroying it leaves its groups and
-/// releases QP, CQs, PD and id in that order.
+/// releases QP, CQs, PD and id in that order, so that its port is free and nothing listens
+/// there any more even while what was made from it (a region on its PD, a DatagramPeer's
+/// address handle) lives on: those keep the device context through an id of their own.
 ///
 /// Threads: one thread at a time for resolve(), accept(), join() and leave() (they read one
 /// event channel); posting and polling follow the core's QueuePair and CompletionQueue rules.

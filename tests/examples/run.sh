@@ -4,7 +4,7 @@
 #
 # Usage: run.sh CASE BIN_DIR
 #   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, echo_epoll, echo_asio, echo_threads, read_remote,
-#            atomic_counter, srq_server, or help (every example's --help and a bad option; needs no device)
+#            atomic_counter, srq_server, datagram, datagram.udaddy, multicast, multicast.mckey, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
 # Two hosts: under scripts/rxe-pair (VERBS_PAIR_DIR and VERBS_PEER_ADDR set), the server runs
@@ -97,11 +97,13 @@ start_tool() {
 }
 
 # wait_line LABEL REGEX: waits until LABEL's stdout has a line matching REGEX, for at most
-# 30 s (scaled); fails the test and stops everything when it does not come.
+# 30 s (scaled); fails the test and stops everything when it does not come, or LABEL ends first.
 wait_line() {
-  local deadline=$((SECONDS + 30 * scale))
+  local deadline=$((SECONDS + 30 * scale)) i pid=
+  for i in "${!labels[@]}"; do [ "${labels[$i]}" = "$1" ] && pid=${pids[$i]}; done
   until grep -Eq -- "$2" "$work/$1.out" 2>/dev/null; do
-    if ((SECONDS >= deadline)); then
+    if ((SECONDS >= deadline)) ||
+       { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null && ! grep -Eq -- "$2" "$work/$1.out" 2>/dev/null; }; then
       kill -TERM "${pids[@]}" 2>/dev/null
       finish 0
       fail "$1 did not print /$2/ within $((30 * scale)) s"
@@ -118,7 +120,7 @@ listening() {
   local deadline=$((SECONDS + 30 * scale)) out
   while ((SECONDS < deadline)); do
     if [ ${#on_server[@]} -gt 0 ]; then
-      out=$("${on_server[0]}" run rdma resource show cm_id 2>/dev/null)
+      out=$("${on_server[0]}" run -t 5 rdma resource show cm_id 2>/dev/null)
     else
       out=$(rdma resource show cm_id 2>/dev/null)
     fi
@@ -277,8 +279,12 @@ case $case_name in
       victim=$(pgrep -P "${pids[2]}") && break
       sleep 0.1
     done
-    echoing "${victim:-0}" $((30 * scale)) || fail "the victim (pid ${victim:-?}) was not echoing within $((30 * scale)) s"
-    kill -KILL "${victim:-0}" 2>/dev/null
+    if [ -z "$victim" ]; then
+      fail "the victim's process was not found under its timeout(1) (pid ${pids[2]})"
+    else
+      echoing "$victim" $((30 * scale)) || fail "the victim (pid $victim) was not echoing within $((30 * scale)) s"
+      kill -KILL "$victim" 2>/dev/null
+    fi
     start many -p "$port" -c 50 -n 100 -s 256 "$server_addr"
     wait "${pids[3]}" || fail "the 50 clients failed"
     start last -p "$port" -n 10 "$server_addr"
