@@ -284,6 +284,32 @@ void set_bind_options(rdma_cm_id* id, bool reuse_address, std::optional<bool> ip
   }
 }
 
+void make_pd_and_cqs(const Device& dev, const ProtectionDomain* pd, const CompletionQueue* send_cq,
+                     const CompletionQueue* recv_cq, int cq_depth, std::string_view prefix, std::string_view owner,
+                     std::string_view remedy, Phase phase, SourceLocation where,
+                     std::optional<ProtectionDomain>& pd_out, std::optional<CompletionQueue>& send_out,
+                     std::optional<CompletionQueue>& recv_out) {
+  ibv_context* ctx = dev.native_handle();
+  const auto named = [&](const char* field) { return std::string(prefix) + field; };
+  if (pd != nullptr) {
+    check_same_context(pd, ctx, named("pd"), owner, remedy, phase, where);
+    pd_out.emplace(ProtectionDomain::adopt(pd->shared_handle(), where));
+  } else {
+    pd_out.emplace(dev, where);
+  }
+  const CqOptions cqo{.depth = cq_depth, .with_channel = true};
+  if (send_cq != nullptr) check_same_context(send_cq, ctx, named("send_cq"), owner, remedy, phase, where);
+  if (recv_cq != nullptr) check_same_context(recv_cq, ctx, named("recv_cq"), owner, remedy, phase, where);
+  if (send_cq != nullptr)
+    send_out.emplace(CompletionQueue::adopt(send_cq->shared_handle()));
+  else
+    send_out.emplace(dev, cqo, where);
+  if (recv_cq != nullptr)
+    recv_out.emplace(CompletionQueue::adopt(recv_cq->shared_handle()));
+  else
+    recv_out.emplace(dev, cqo, where);
+}
+
 /// Completions an exchange() polled that were not its own, kept for the CQ they came from. A CQ
 /// may be shared by several connections (ConnectionOptions::send_cq, recv_cq), so what one
 /// connection's exchange() polls may be another's: one store per ibv_cq, shared by every
@@ -558,31 +584,10 @@ struct Connection::Impl {
     gone_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (over_fd < 0 || gone_fd < 0) fail(errno, phase, "eventfd", where);
     device.emplace(device_of(id));
-    const auto check_same = [&](const auto* given, const char* what) {
-      if (given->native_handle() == nullptr)
-        fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
-      if (given->native_handle()->context != ctx)
-        fail(EINVAL, phase,
-             std::string(what) + " is on another device context than the connection (" + device->name() +
-                 "): make it from cm::device_for() or Listener::device()", where);
-    };
-    if (o.pd != nullptr) {
-      check_same(o.pd, "ConnectionOptions::pd");
-      pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle(), where));
-    } else {
-      pd.emplace(*device, where);
-    }
-    const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
-    if (o.send_cq != nullptr) check_same(o.send_cq, "ConnectionOptions::send_cq");
-    if (o.recv_cq != nullptr) check_same(o.recv_cq, "ConnectionOptions::recv_cq");
-    if (o.send_cq != nullptr)
-      send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
-    else
-      send_cq.emplace(*device, cqo, where);
-    if (o.recv_cq != nullptr)
-      recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
-    else
-      recv_cq.emplace(*device, cqo, where);
+    const std::string owner = "the connection (" + device->name() + ")";
+    constexpr std::string_view remedy = "make it from cm::device_for() or Listener::device()";
+    make_pd_and_cqs(*device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "ConnectionOptions::", owner, remedy, phase,
+                    where, pd, send_cq, recv_cq);
     link_held(recv_held, *recv_cq, phase, where);
     if (send_cq->shared_handle() == recv_cq->shared_handle())
       send_held = recv_held;
@@ -590,7 +595,7 @@ struct Connection::Impl {
       link_held(send_held, *send_cq, phase, where);
     if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
     if (o.qp.srq != nullptr) {
-      check_same(o.qp.srq, "QpOptions::srq");
+      check_same_context(o.qp.srq, ctx, "QpOptions::srq", owner, remedy, phase, where);
       if (o.qp.srq->native_handle()->pd != pd->native_handle())
         fail(EINVAL, phase,
              "QpOptions::srq is on another protection domain than the connection's (receives would fail at the "

@@ -83,7 +83,7 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
          "DatagramOptions::qp.type is " + std::string(to_string(o.qp.type)) + ": a Datagram is a UD QP; nothing was made",
          where);
   sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
-  if (address.empty() || is_wildcard(a))
+  if (is_wildcard(a))
     fail(EINVAL, Phase::listen,
          "a Datagram needs the address of one RDMA device, not the wildcard '" + std::string(address) +
              "' (its QP lives on one device); nothing was made",
@@ -102,34 +102,11 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
   d.device.emplace(device_for(address, where));
   if (d.device->native_handle() != d.id->verbs)
     fail(ENODEV, Phase::listen, "rdma_cm gave " + std::string(address) + " two device contexts", where);
-  const auto check_same = [&](const auto* given, const char* what) {
-    if (given->native_handle() == nullptr) fail(EINVAL, Phase::listen, std::string(what) + " is empty (a moved-from object)", where);
-    if (given->native_handle()->context != d.id->verbs)
-      fail(EINVAL, Phase::listen,
-           std::string(what) + " is on another device context than the Datagram's (" + d.device->name() +
-               "): make it from cm::device_for(\"" + std::string(address) + "\")",
-           where);
-  };
-  if (o.pd != nullptr) {
-    check_same(o.pd, "DatagramOptions::pd");
-    d.pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle(), where));
-  } else {
-    d.pd.emplace(*d.device, where);
-  }
-  const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
-  if (o.send_cq != nullptr) {
-    check_same(o.send_cq, "DatagramOptions::send_cq");
-    d.send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
-  } else {
-    d.send_cq.emplace(*d.device, cqo, where);
-  }
-  if (o.recv_cq != nullptr) {
-    check_same(o.recv_cq, "DatagramOptions::recv_cq");
-    d.recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
-  } else {
-    d.recv_cq.emplace(*d.device, cqo, where);
-  }
-  if (o.qp.srq != nullptr) check_same(o.qp.srq, "QpOptions::srq");
+  const std::string owner = "the Datagram's (" + d.device->name() + ")";
+  const std::string remedy = "make it from cm::device_for(\"" + std::string(address) + "\")";
+  make_pd_and_cqs(*d.device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "DatagramOptions::", owner, remedy,
+                  Phase::listen, where, d.pd, d.send_cq, d.recv_cq);
+  if (o.qp.srq != nullptr) check_same_context(o.qp.srq, d.id->verbs, "QpOptions::srq", owner, remedy, Phase::listen, where);
   QpOptions q = o.qp;
   q.qkey = datagram_qkey;
   q.port = d.id->port_num;

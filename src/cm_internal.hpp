@@ -75,4 +75,27 @@ Device device_of(const std::shared_ptr<rdma_cm_id>& id);
 void set_bind_options(rdma_cm_id* id, bool reuse_address, std::optional<bool> ipv6_only, Phase phase,
                       SourceLocation where);
 
+/// Fails (EINVAL) unless `given` is non-empty and on the device context `ctx`: `what` names the
+/// option, `owner` what it is for ("the connection", "the Datagram"), `remedy` how to make a
+/// right one.
+template <typename T>
+void check_same_context(const T* given, ibv_context* ctx, std::string_view what, std::string_view owner,
+                        std::string_view remedy, Phase phase, SourceLocation where) {
+  if (given->native_handle() == nullptr)
+    fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
+  if (given->native_handle()->context != ctx)
+    fail(EINVAL, phase,
+         std::string(what) + " is on another device context than " + std::string(owner) + ": " + std::string(remedy),
+         where);
+}
+
+/// The PD and CQs of a connection or a Datagram on `dev`: those the caller shares (`pd`,
+/// `send_cq`, `recv_cq`, each checked with check_same_context, `prefix` naming its options),
+/// else new ones (CQs of `cq_depth` entries with a completion channel).
+void make_pd_and_cqs(const Device& dev, const ProtectionDomain* pd, const CompletionQueue* send_cq,
+                     const CompletionQueue* recv_cq, int cq_depth, std::string_view prefix, std::string_view owner,
+                     std::string_view remedy, Phase phase, SourceLocation where,
+                     std::optional<ProtectionDomain>& pd_out, std::optional<CompletionQueue>& send_out,
+                     std::optional<CompletionQueue>& recv_out);
+
 }  // namespace verbs::cm::internal

@@ -9,7 +9,7 @@
 #include <verbs/cm.hpp>
 #include <verbs/cm_datagram.hpp>
 
-#include "fixture.hpp"
+#include "cm_fixture.hpp"
 
 namespace verbs::test {
 namespace {
@@ -20,24 +20,8 @@ using cm::Phase;
 
 constexpr std::size_t kGrh = 40;
 
-std::string test_addr() {
-  const char* a = std::getenv("VERBS_TEST_ADDR");
-  return a != nullptr && *a != '\0' ? a : "192.0.2.1";
-}
-
-std::vector<std::byte> bytes_of(std::string_view s) {
-  std::vector<std::byte> v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
-}
-
 std::string text_of(std::span<const std::byte> b, std::size_t n) {
   return {reinterpret_cast<const char*>(b.data()), std::min(n, b.size())};  // NOLINT
-}
-
-template <typename F>
-std::optional<ConnectError> connect_error(F&& f) {
-  return thrown_by<ConnectError>(std::forward<F>(f));
 }
 
 /// The code of the ConnectError `f` threw; an empty code (and so a failed comparison, not a
@@ -48,18 +32,7 @@ std::error_code code_of(F&& f) {
   return e ? e->code() : std::error_code{};
 }
 
-/// Skips unless librdmacm can use an RDMA device at the test address.
-class CmDatagram : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      device.emplace(cm::device_for(test_addr()));
-    } catch (const Error& e) {
-      GTEST_SKIP() << "no RDMA device at " << test_addr() << " (set VERBS_TEST_ADDR): " << e.what();
-    }
-  }
-  std::optional<Device> device;
-};
+using CmDatagram = CmFixture;
 
 TEST_F(CmDatagram, ResolveGetsTheListenersQpAndTrafficFlowsBothWays) {
   Datagram server(test_addr(), 0);

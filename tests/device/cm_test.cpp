@@ -20,7 +20,7 @@
 
 #include "detail.hpp"
 
-#include "fixture.hpp"
+#include "cm_fixture.hpp"
 
 namespace verbs::test {
 namespace {
@@ -37,34 +37,7 @@ using cm::Phase;
 #endif
 #endif
 
-std::string test_addr() {
-  const char* a = std::getenv("VERBS_TEST_ADDR");
-  return a != nullptr && *a != '\0' ? a : "192.0.2.1";
-}
-
-/// Skips unless librdmacm can use an RDMA device at the test address.
-class Cm : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      device.emplace(cm::device_for(test_addr()));
-    } catch (const Error& e) {
-      GTEST_SKIP() << "no RDMA device at " << test_addr() << " (set VERBS_TEST_ADDR): " << e.what();
-    }
-  }
-  std::optional<Device> device;
-};
-
-std::vector<std::byte> bytes_of(std::string_view s) {
-  std::vector<std::byte> v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
-}
-
-template <typename F>
-std::optional<ConnectError> connect_error(F&& f) {
-  return thrown_by<ConnectError>(std::forward<F>(f));
-}
+using Cm = CmFixture;
 
 int open_fds() {
   int n = 0;
