@@ -36,7 +36,15 @@ pair() {
   else
     timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" >"$log/server" 2>&1 &
   fi
-  local spid=$! crc src
+  local spid=$! crc src waited=0
+  # The client only once the server listens (its banner): the client tries for 5 s, and a
+  # server started on the other host took longer than that once.
+  until grep -q 'Waiting for client to connect' "$log/server" 2>/dev/null; do
+    kill -0 "$spid" 2>/dev/null || break
+    [ "$waited" -lt 600 ] || break
+    waited=$((waited + 1))
+    sleep 0.1
+  done
   timeout 300 "$perf" "$@" "${dev[@]}" -p "$port" "$host" >"$log/client" 2>&1
   crc=$?
   wait "$spid"

@@ -333,9 +333,18 @@ case $case_name in
     client client -n 1 && fail "connecting to a host that is off succeeded"
     took=$(($(now_ms) - t))
     # No ARP answer: address resolution fails, within its 2 s (ClientOptions::resolve_timeout).
+    # The library's own figure (from the connect's start) is bounded; the wall time, which holds
+    # the process's start and end (over a second on an emulated host that has just booted), is
+    # printed and only guards against a hang.
     grep -q 'FAILED in round 0 (connect): rdma_cm address resolution' "$work/client" ||
       fail "the error does not say address resolution"
-    ((took < 5000)) || fail "connecting to a host that is off took $took ms to fail (resolve_timeout is 2 s)"
+    if [[ $(cat "$work/client") =~ timed\ out\ after\ ([0-9]+)\ ms ]]; then
+      echo "the connect failed after ${BASH_REMATCH[1]} ms (the library's figure), $took ms as seen from here"
+      ((BASH_REMATCH[1] <= 2000 + 2000)) || fail "the connect took ${BASH_REMATCH[1]} ms to fail (resolve_timeout is 2 s)"
+    else
+      fail "the error gives no time"
+    fi
+    ((took < 10000)) || fail "connecting to a host that is off took $took ms to fail, as seen from here"
     ;;
   connect_no_listener)
     t=$(now_ms)
