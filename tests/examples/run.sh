@@ -167,6 +167,17 @@ echoing() {
   return 1
 }
 
+# child_of PID: prints the process that PID (a timeout(1) started here) runs, waiting up to 5 s
+# for it; returns 1 if there is none.
+child_of() {
+  local child _
+  for _ in {1..50}; do
+    child=$(pgrep -P "$1") && { echo "$child"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
 # expect LABEL REGEX [COUNT]: LABEL's stdout has COUNT (default 1) lines matching REGEX.
 expect() {
   local n
@@ -233,7 +244,10 @@ case $case_name in
     # down, which took from 1.7 to 6.9 s for an ASan build's server (55 ms for a plain one).
     start_server -n 100000000
     start client -p "$port" -n 100000000 "$server_addr"
-    sleep 3  # connected, and in the middle of the ping-pong
+    # Killed once the client is in the middle of the ping-pong: a fixed 3 s was not enough under
+    # ASan in CI, and the client connected only after the kill ("no listener on that port").
+    client=$(child_of "${pids[1]}") || fail "the client's process was not found under its timeout(1) (pid ${pids[1]})"
+    [ -n "$client" ] && { echoing "$client" $((30 * scale)) || fail "the client (pid $client) was not in its ping-pong within $((30 * scale)) s"; }
     if [ ${#on_server[@]} -gt 0 ]; then
       "${on_server[0]}" kill server KILL  # on the other host: the job's process group
     else
@@ -275,11 +289,7 @@ case $case_name in
     start victim -p "$port" -n 100000000 "$server_addr"
     # Killed once it is echoing: a fixed 2 s was not enough under ASan in CI, and the victim died
     # in its handshake (the server said "the handshake failed", not "gone").
-    for _ in {1..50}; do  # the victim itself, not the timeout(1) that runs it
-      victim=$(pgrep -P "${pids[2]}") && break
-      sleep 0.1
-    done
-    if [ -z "$victim" ]; then
+    if ! victim=$(child_of "${pids[2]}"); then  # the victim itself, not the timeout(1) that runs it
       fail "the victim's process was not found under its timeout(1) (pid ${pids[2]})"
     else
       echoing "$victim" $((30 * scale)) || fail "the victim (pid $victim) was not echoing within $((30 * scale)) s"
