@@ -3,6 +3,7 @@
 #   readme.sh tour PROGRAM     the server (PROGRAM) and a client (PROGRAM ADDR)
 #   readme.sh expose PROGRAM   the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
 #   readme.sh ud PROGRAM       one process, both QPs
+#   readme.sh window PROGRAM   one process, both QPs: a memory window granted, then revoked
 #   readme.sh datagram PROGRAM one process (PROGRAM ADDR): UD and multicast through rdma_cm
 # VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh. Under
 # scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the other host.
@@ -46,6 +47,12 @@ case "$name" in
     out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
     echo "exit $rc: $out"
     [ "$rc" -eq 0 ] && [[ "$out" == *"b got 'ping' (5 bytes) from QP "* ]] && [[ "$out" == *"a got 'pong'"* ]]
+    ;;
+  window)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"the owner has 'granted'"* ]] &&
+      [[ "$out" == *"after the revoke: remote access error"* ]]
     ;;
   datagram)
     out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?
