@@ -153,17 +153,30 @@ finish() {
 
 # echoing PID SECONDS: waits until a connection of process PID (a client started here) is in the
 # middle of its traffic: one of its RC queue pairs (`rdma resource show qp` names the thread that
-# made it) is in RTS and has received since first seen. An echo that came back means the server
-# took the connection too. Returns 1 if that did not happen within SECONDS.
+# made it) is in RTS, and the device has received 20 packets more since then (rxe's rcvd_pkts
+# counter: more than a handshake's exchange, so the echoes or the ping-pong run). The QP's
+# rq-psn is no such sign: across two hosts `rdma` showed it unchanged while the ping-pong ran.
+# Returns 1 if that did not happen within SECONDS.
 echoing() {
-  local pid=$1 deadline=$((SECONDS + $2)) first="" task psn
+  local pid=$1 deadline=$((SECONDS + $2)) base="" now task rts counters
+  counters=(/sys/class/infiniband/*/ports/1/hw_counters/rcvd_pkts)
+  if [ ${#counters[@]} -eq 0 ]; then
+    echo "echoing: the device has no rcvd_pkts counter (/sys/class/infiniband/*/ports/1/hw_counters)"
+    return 1
+  fi
   while ((SECONDS < deadline)) && kill -0 "$pid" 2>/dev/null; do
-    while read -r task psn; do
-      [ -e "/proc/$pid/task/$task" ] || continue
-      if [ -z "$first" ]; then first=$psn; elif [ "$psn" != "$first" ]; then return 0; fi
-    done < <(rdma resource show qp 2>/dev/null | sed -En 's/^.* type RC state RTS rq-psn ([0-9]+) .* pid ([0-9]+) .*$/\2 \1/p')
+    rts=0
+    while read -r task; do
+      [ -e "/proc/$pid/task/$task" ] && rts=1
+    done < <(rdma resource show qp 2>/dev/null | sed -En 's/^.* type RC state RTS .* pid ([0-9]+) .*$/\1/p')
+    if ((rts)); then
+      now=$(cat "${counters[0]}")
+      if [ -z "$base" ]; then base=$now; elif ((now - base >= 20)); then return 0; fi
+    fi
     sleep 0.2
   done
+  echo "echoing: pid $pid had no RC QP in RTS with 20 packets received since (rcvd_pkts from ${base:-none} to ${now:-none}); this host's QPs:"
+  rdma resource show qp 2>&1 | sed 's/^/  /'
   return 1
 }
 
