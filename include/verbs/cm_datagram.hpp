@@ -77,6 +77,90 @@ struct DatagramRequest {
   std::vector<std::byte> private_data; ///< what it sent (zero-padded by the transport)
 };
 
+/// A resolve() in progress that never blocks, for an event loop (Datagram::start_resolve()
+/// sends the address resolution and returns at once): step() does what the events that came
+/// since allow (resolve the route, send the SIDR request, take the answer) and returns the
+/// DatagramPeer once answered. Call it when fd() is readable, and at deadline() at the latest:
+/// each phase keeps resolve()'s limits (ResolveOptions::resolve_timeout for each resolution,
+/// ResolveOptions::timeout for the whole), and step() fails when one passes, with resolve()'s
+/// ConnectError (resolve() is this, waited on). It has an rdma_cm id and event channel of its
+/// own, and keeps the Datagram's PD (the answer's address handle is made on it); the request
+/// names the Datagram's QP, so the answer is of use only while that Datagram lives. The
+/// options are copied. Move-only; destroying it abandons the request. One thread at a time.
+class PendingResolve {
+ public:
+  /// Moves the request in progress; the source is left empty.
+  PendingResolve(PendingResolve&&) noexcept;
+  /// Moves the request in progress; the one this held is abandoned.
+  PendingResolve& operator=(PendingResolve&&) noexcept;
+  PendingResolve(const PendingResolve&) = delete;
+  PendingResolve& operator=(const PendingResolve&) = delete;
+  ~PendingResolve();
+
+  ///@{
+  /// Handles what has come without blocking: the peer once answered, else empty. Throws
+  /// ConnectError (the ec form sets `ec`) when the phase failed or its limit passed; after a
+  /// failure, or once the peer was returned, every call fails (ENOTCONN after success).
+  [[nodiscard]] std::optional<DatagramPeer> step();
+  [[nodiscard]] std::optional<DatagramPeer> step(std::error_code& ec) noexcept;
+  ///@}
+  /// Its rdma_cm event channel's fd (non-blocking): readable when step() has something to do;
+  /// -1 once it is over.
+  [[nodiscard]] int fd() const noexcept;
+  /// When the current phase's limit passes: call step() then, if fd() stayed silent.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
+  /// The phase in progress: resolve_address, resolve_route, then connect (the SIDR request).
+  [[nodiscard]] Phase phase() const noexcept;
+
+ private:
+  friend class Datagram;
+  struct Impl;
+  explicit PendingResolve(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A join() in progress that never blocks (Datagram::start_join() asks rdma_cm and returns at
+/// once): step() reads the Datagram's event channel (Datagram::fd()) and returns the group's
+/// DatagramPeer once rdma_cm confirmed and the QP is attached; it fails with join()'s
+/// ConnectError, at deadline() at the latest. Several joins may be in progress on one
+/// Datagram: a step() hands the events of the others to them, which then have them even though
+/// fd() is no longer readable, so step every join in progress when it is. The group counts as
+/// joined (groups(), leave(), the Datagram's destructor leaves it) only once step() returned
+/// its peer; a join that failed or was abandoned (destroyed before that) is left at once. The
+/// Datagram may be moved meanwhile; if it is destroyed first, the join is left and step() fails
+/// with ECANCELED. Move-only; one thread at a time, together with the Datagram's own rdma_cm
+/// calls (accept(), join(), leave()).
+class PendingJoin {
+ public:
+  /// Moves the join in progress; the source is left empty.
+  PendingJoin(PendingJoin&&) noexcept;
+  /// Moves the join in progress; the one this held is abandoned (and left).
+  PendingJoin& operator=(PendingJoin&&) noexcept;
+  PendingJoin(const PendingJoin&) = delete;
+  PendingJoin& operator=(const PendingJoin&) = delete;
+  ~PendingJoin();
+
+  ///@{
+  /// Handles what has come without blocking: the group's peer once joined, else empty. Throws
+  /// ConnectError (phase connect; the ec form sets `ec`) when the join failed or its limit
+  /// passed; after a failure, or once the peer was returned, every call fails.
+  [[nodiscard]] std::optional<DatagramPeer> step();
+  [[nodiscard]] std::optional<DatagramPeer> step(std::error_code& ec) noexcept;
+  ///@}
+  /// The Datagram's rdma_cm event channel fd (non-blocking); -1 once it is over.
+  [[nodiscard]] int fd() const noexcept;
+  /// When the join's limit passes: call step() then, if fd() stayed silent.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
+  /// The group, as given to start_join().
+  [[nodiscard]] const std::string& group() const noexcept;
+
+ private:
+  friend class Datagram;
+  struct Impl;
+  explicit PendingJoin(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// A UD queue pair on an rdma_cm id of RDMA_PS_UDP, bound to a local address: its device, PD,
 /// CQs and QP (in RTS, Q_Key datagram_qkey). One QP talks to every peer: resolve() gives a
 /// DatagramPeer for a listening Datagram elsewhere, join() one for a multicast group, and a
@@ -86,8 +170,8 @@ struct DatagramRequest {
 /// there any more even while what was made from it (a region on its PD, a DatagramPeer's
 /// address handle) lives on: those keep the device context through an id of their own.
 ///
-/// Threads: one thread at a time for resolve(), accept(), join() and leave() (they read one
-/// event channel); posting and polling follow the core's QueuePair and CompletionQueue rules.
+/// Threads: one thread at a time for resolve(), accept(), join(), leave() and the steps of its
+/// PendingJoins (they read one event channel); posting and polling follow the core's QueuePair and CompletionQueue rules.
 class Datagram {
  public:
   /// Binds to `address` (an address of the RDMA device; "0.0.0.0" or "::" is refused, since a
@@ -133,9 +217,15 @@ class Datagram {
   /// max_resolve_private_data, before anything is sent).
   [[nodiscard]] DatagramPeer resolve(std::string_view host, std::uint16_t port, const ResolveOptions& options = {},
                                      SourceLocation where = SourceLocation::current());
+  /// resolve() without blocking, for an event loop: sends the address resolution and returns;
+  /// see PendingResolve. Throws ConnectError for what fails at once (EMSGSIZE, an address that
+  /// does not parse, rdma_resolve_addr(3) refusing).
+  [[nodiscard]] PendingResolve start_resolve(std::string_view host, std::uint16_t port,
+                                             const ResolveOptions& options = {},
+                                             SourceLocation where = SourceLocation::current());
 
   /// Listens for resolve() requests (rdma_listen(3)); accept() answers them. Throws
-  /// ConnectError (phase listen), EINVAL once the Datagram has joined a group.
+  /// ConnectError (phase listen), EINVAL once the Datagram has joined a group or is joining one.
   void listen(int backlog = 64, SourceLocation where = SourceLocation::current());
   /// Waits up to `timeout` for a resolve() request and answers it with this QP's number and
   /// `private_data` (up to max_answer_private_data, checked before waiting). Post receives
@@ -156,6 +246,11 @@ class Datagram {
   /// a listening Datagram; ETIMEDOUT; the status of MULTICAST_ERROR.
   [[nodiscard]] DatagramPeer join(std::string_view group, std::chrono::milliseconds timeout = 2s,
                                   SourceLocation where = SourceLocation::current());
+  /// join() without blocking, for an event loop: asks rdma_cm to join and returns; see
+  /// PendingJoin. Throws ConnectError for what fails at once (join()'s EINVAL cases, a group
+  /// being joined already, rdma_join_multicast(3) refusing).
+  [[nodiscard]] PendingJoin start_join(std::string_view group, std::chrono::milliseconds timeout = 2s,
+                                       SourceLocation where = SourceLocation::current());
   /// Leaves `group` (ibv_detach_mcast(3), then rdma_leave_multicast(3)): the QP receives no
   /// more of its messages. Throws ConnectError (EINVAL) for a group not joined.
   void leave(std::string_view group, SourceLocation where = SourceLocation::current());
@@ -163,6 +258,7 @@ class Datagram {
   [[nodiscard]] std::vector<std::string> groups() const;
 
  private:
+  friend class PendingJoin;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

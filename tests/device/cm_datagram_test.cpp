@@ -1,6 +1,9 @@
 // verbs::cm::Datagram on a real device: UD through rdma_cm (a SIDR request answered by a
 // listening Datagram, then traffic both ways), multicast (join, send, receive, leave), the
-// failures each names, and the rdma_cm options set before binding.
+// failures each names, the rdma_cm options set before binding, and the same without blocking
+// (start_resolve, start_join) driven by poll(2) from one thread.
+#include <poll.h>
+
 #include <cstring>
 #include <future>
 #include <string>
@@ -253,6 +256,185 @@ TEST_F(CmDatagram, ReuseAddressLetsTwoBindThePortOnlyWhenBothAsk) {
   const auto one_asked = connect_error([&] { Datagram again(test_addr(), shared.port()); });
   ASSERT_TRUE(one_asked) << "bound without asking to reuse";
   EXPECT_EQ(one_asked->code(), std::errc::address_in_use);
+}
+
+// --- Without blocking: PendingResolve and PendingJoin, driven from one thread by poll(2). ---
+
+/// Milliseconds from now to `t` for poll(2): 0 once it has passed, at most 100.
+int poll_ms(std::chrono::steady_clock::time_point t) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 100));
+}
+
+/// Times the longest of the calls it makes: a step must never wait for an event.
+struct LongestCall {
+  std::chrono::steady_clock::duration longest{};
+  template <typename F>
+  auto operator()(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+    return r;
+  }
+};
+
+TEST_F(CmDatagram, OneThreadResolvesAndAnswersWithoutBlocking) {
+  // One thread is both sides: with a blocking resolve() or accept() it would wait for itself.
+  Datagram server(test_addr(), 0);
+  server.listen();
+  auto sbuf = MemoryRegion::allocate(server.pd(), 4096, Access::local_write);
+  ASSERT_TRUE(posted(server.qp().post_recv(sbuf.slice(0, kGrh + 256), 1)));
+  Datagram client(test_addr(), 0);
+  LongestCall clock;
+  const auto hi = bytes_of("from an event loop");
+  cm::PendingResolve pending = clock([&] { return client.start_resolve(test_addr(), server.port(), {.private_data = hi}); });
+  EXPECT_EQ(pending.phase(), Phase::resolve_address);
+  EXPECT_GE(pending.fd(), 0);
+  EXPECT_NE(pending.fd(), client.fd()) << "a request has an event channel of its own";
+  std::optional<cm::DatagramPeer> peer;
+  std::optional<cm::DatagramRequest> request;
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while ((!peer || !request) && std::chrono::steady_clock::now() < give_up) {
+    std::vector<pollfd> fds{{server.fd(), POLLIN, 0}};
+    if (!peer) fds.push_back({pending.fd(), POLLIN, 0});
+    ASSERT_GE(::poll(fds.data(), fds.size(), peer ? 100 : poll_ms(pending.deadline())), 0);
+    if (!request) request = clock([&] { return server.try_accept(bytes_of("hi")); });
+    if (!peer) peer = clock([&] { return pending.step(); });
+  }
+  ASSERT_TRUE(request) << "the server saw no request";
+  ASSERT_TRUE(peer) << "the client got no answer";
+  EXPECT_LT(clock.longest, 1s) << "a call blocked for " << std::chrono::duration<double>(clock.longest).count() << " s";
+  EXPECT_EQ(peer->qp_num, server.qp().qp_num());
+  EXPECT_EQ(peer->qkey, cm::datagram_qkey);
+  EXPECT_EQ(text_of(peer->private_data, 2), "hi");
+  EXPECT_EQ(text_of(request->private_data, hi.size()), "from an event loop");
+  // Over: the channel is gone, and another step says so.
+  EXPECT_EQ(pending.fd(), -1);
+  EXPECT_EQ(code_of([&] { (void)pending.step(); }), std::errc::not_connected);
+
+  auto cbuf = MemoryRegion::allocate(client.pd(), 64, Access::local_write);
+  std::memcpy(cbuf.data(), "ping", 4);
+  ASSERT_TRUE(posted(client.qp().post(
+      SendWr::send(cbuf.slice(0, 4), {.wr_id = 2, .signaled = true}).to(peer->ah, peer->qp_num, peer->qkey))));
+  EXPECT_TRUE(completed(expect_completion(client.send_cq()), WcOpcode::send, 2));
+  EXPECT_TRUE(completed(expect_completion(server.recv_cq()), WcOpcode::recv, 1));
+  EXPECT_EQ(text_of(sbuf.bytes().subspan(kGrh), 4), "ping");
+}
+
+TEST_F(CmDatagram, APendingResolveWithNoListenerFailsInItsStepAndStaysFailed) {
+  Datagram nobody(test_addr(), 0);  // bound, not listening
+  Datagram client(test_addr(), 0);
+  cm::PendingResolve pending = client.start_resolve(test_addr(), nobody.port(), {.timeout = 5s});
+  std::error_code ec;
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (!ec && std::chrono::steady_clock::now() < give_up) {
+    pollfd f{pending.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, poll_ms(pending.deadline()));
+    ASSERT_FALSE(pending.step(ec).has_value());
+  }
+  EXPECT_EQ(ec, std::errc::connection_refused) << ec.message();
+  EXPECT_EQ(pending.phase(), Phase::connect);
+  const auto again = connect_error([&] { (void)pending.step(); });
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->code(), std::errc::connection_refused);
+  EXPECT_NE(std::string(again->what()).find("no listening Datagram"), std::string::npos) << again->what();
+  EXPECT_EQ(pending.fd(), -1);
+}
+
+TEST_F(CmDatagram, APendingResolveToASilentAddressFailsAtItsPhasesDeadline) {
+  Datagram client(test_addr(), 0);
+  std::string silent = test_addr();
+  silent = silent.substr(0, silent.rfind('.')) + ".77";
+  const auto t0 = std::chrono::steady_clock::now();
+  cm::PendingResolve pending = client.start_resolve(silent, 4791, {.timeout = 3s, .resolve_timeout = 1s});
+  EXPECT_LE(pending.deadline(), t0 + 1500ms) << "the address resolution's deadline is its own limit";
+  std::optional<ConnectError> e;
+  LongestCall clock;
+  while (!e && std::chrono::steady_clock::now() < t0 + 10s) {
+    pollfd f{pending.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, poll_ms(pending.deadline()));
+    e = connect_error([&] { (void)clock([&] { return pending.step(); }); });
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(e) << "no failure within 10 s";
+  EXPECT_TRUE(e->code() == std::errc::timed_out || e->code() == std::errc::host_unreachable) << e->what();
+  EXPECT_EQ(e->phase(), Phase::resolve_address) << e->what();
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_LT(clock.longest, 500ms);
+}
+
+TEST_F(CmDatagram, TwoJoinsInProgressOnOneDatagramEachGetTheirOwnGroup) {
+  Datagram a(test_addr(), 0), b(test_addr(), 0);
+  const std::string g1 = group_for(5), g2 = group_for(6);
+  LongestCall clock;
+  std::optional<cm::PendingJoin> j1(clock([&] { return a.start_join(g1, 10s); }));
+  std::optional<cm::PendingJoin> j2(clock([&] { return a.start_join(g2, 10s); }));
+  EXPECT_EQ(j1->group(), g1);
+  EXPECT_EQ(j1->fd(), a.fd());
+  EXPECT_TRUE(a.groups().empty()) << "a group counts as joined once its step returned";
+  EXPECT_EQ(code_of([&] { (void)a.start_join(g1); }), std::errc::invalid_argument) << "being joined already";
+  EXPECT_EQ(code_of([&] { a.listen(); }), std::errc::invalid_argument) << "a joining Datagram cannot listen";
+  std::optional<cm::DatagramPeer> p1, p2;
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  // Steps only j2 until it is done: j1's confirmation, read by j2's steps, waits in j1.
+  while (!p2 && std::chrono::steady_clock::now() < give_up) {
+    pollfd f{a.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, 100);
+    p2 = clock([&] { return j2->step(); });
+  }
+  while (!p1 && std::chrono::steady_clock::now() < give_up) {
+    pollfd f{a.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, 100);
+    p1 = clock([&] { return j1->step(); });
+  }
+  ASSERT_TRUE(p1 && p2) << "the joins did not complete within 20 s";
+  EXPECT_LT(clock.longest, 1s);
+  EXPECT_EQ(p1->qp_num, cm::multicast_qp_num);
+  EXPECT_EQ((std::vector<std::string>{g2, g1}), a.groups());
+  EXPECT_EQ(code_of([&] { (void)j1->step(); }), std::errc::not_connected);
+  j1.reset();  // a PendingJoin that is over leaves nothing behind: the group stays joined
+  j2.reset();
+  EXPECT_EQ(a.groups().size(), 2u);
+
+  // a receives what is sent to either group.
+  auto abuf = MemoryRegion::allocate(a.pd(), 4096, Access::local_write);
+  auto bbuf = MemoryRegion::allocate(b.pd(), 64, Access::local_write);
+  ASSERT_TRUE(posted(a.qp().post_recv(abuf.slice(0, kGrh + 64), 1)));
+  ASSERT_TRUE(posted(a.qp().post_recv(abuf.slice(1024, kGrh + 64), 2)));
+  const cm::DatagramPeer to1 = b.join(g1), to2 = b.join(g2);
+  std::memcpy(bbuf.data(), "one", 4);
+  std::memcpy(bbuf.data() + 8, "two", 4);
+  ASSERT_TRUE(posted(b.qp().post(SendWr::send(bbuf.slice(0, 4), {.wr_id = 1}).to(to1.ah, to1.qp_num, to1.qkey))));
+  ASSERT_TRUE(posted(b.qp().post(SendWr::send(bbuf.slice(8, 4), {.wr_id = 2}).to(to2.ah, to2.qp_num, to2.qkey))));
+  EXPECT_TRUE(completed(expect_completion(a.recv_cq()), WcOpcode::recv, 1));
+  EXPECT_TRUE(completed(expect_completion(a.recv_cq()), WcOpcode::recv, 2));
+  EXPECT_EQ(text_of(abuf.bytes().subspan(kGrh), 3), "one");
+  EXPECT_EQ(text_of(abuf.bytes().subspan(1024 + kGrh), 3), "two");
+}
+
+TEST_F(CmDatagram, AnAbandonedJoinIsLeftAndAJoinOutlivingItsDatagramFailsCanceled) {
+  Datagram a(test_addr(), 0);
+  const std::string g = group_for(7);
+  {
+    cm::PendingJoin abandoned = a.start_join(g, 10s);
+  }
+  EXPECT_TRUE(a.groups().empty());
+  EXPECT_NO_THROW(a.listen()) << "nothing is being joined any more";
+  // And the same group on another Datagram, joined to the end by the blocking form.
+  Datagram b(test_addr(), 0);
+  EXPECT_NO_THROW((void)b.join(g, 10s));
+
+  std::optional<Datagram> c(std::in_place, test_addr(), 0);
+  cm::PendingJoin orphan = c->start_join(group_for(8), 10s);
+  Datagram moved = std::move(*c);  // moving the Datagram keeps the join in progress
+  c.reset();
+  EXPECT_EQ(orphan.fd(), moved.fd());
+  { Datagram gone = std::move(moved); }
+  EXPECT_EQ(orphan.fd(), -1);
+  const auto e = connect_error([&] { (void)orphan.step(); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::operation_canceled) << e->what();
 }
 
 }  // namespace
