@@ -1172,23 +1172,6 @@ std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<C
 }
 
 // ---------------------------------------------------------------------------------------------
-namespace {
-/// The error_code form of a PendingConnect's or PendingAccept's step(): what it throws, as `ec`.
-template <typename Step>
-std::optional<Connection> step_or_code(Step&& step, std::error_code& ec) noexcept {
-  try {
-    ec.clear();
-    return step();
-  } catch (const Error& e) {
-    ec = e.code();
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-  } catch (...) {
-    ec = std::make_error_code(std::errc::io_error);  // before_handshake threw something else
-  }
-  return std::nullopt;
-}
-}  // namespace
 
 // A connect, as a state machine driven by the events of its channel: one step per event, and
 // never a wait (connect() waits between steps; an event loop calls step() itself).

@@ -29,22 +29,6 @@ bool is_multicast(const sockaddr_storage& a) {
   return false;
 }
 
-/// The error_code form of a PendingResolve's or PendingJoin's step(): what it throws, as `ec`.
-template <typename Step>
-std::optional<DatagramPeer> peer_or_code(Step&& step, std::error_code& ec) noexcept {
-  try {
-    ec.clear();
-    return step();
-  } catch (const Error& e) {
-    ec = e.code();
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-  } catch (...) {
-    ec = std::make_error_code(std::errc::io_error);
-  }
-  return std::nullopt;
-}
-
 bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family != b.ss_family) return false;
   if (a.ss_family == AF_INET)
@@ -405,7 +389,7 @@ std::optional<DatagramPeer> PendingResolve::step() {
 }
 
 std::optional<DatagramPeer> PendingResolve::step(std::error_code& ec) noexcept {
-  return peer_or_code([this] { return step(); }, ec);
+  return step_or_code([this] { return step(); }, ec);
 }
 int PendingResolve::fd() const noexcept { return impl_ && impl_->ch ? impl_->ch->fd : -1; }
 std::chrono::steady_clock::time_point PendingResolve::deadline() const noexcept {
@@ -505,7 +489,7 @@ std::optional<DatagramPeer> PendingJoin::step() {
   return impl_->step();
 }
 
-std::optional<DatagramPeer> PendingJoin::step(std::error_code& ec) noexcept { return peer_or_code([this] { return step(); }, ec); }
+std::optional<DatagramPeer> PendingJoin::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
 int PendingJoin::fd() const noexcept { return impl_ && impl_->d != nullptr ? impl_->d->channel->fd : -1; }
 std::chrono::steady_clock::time_point PendingJoin::deadline() const noexcept {
   return impl_ ? impl_->deadline : Clock::time_point{};

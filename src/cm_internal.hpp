@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,23 @@
 namespace verbs::cm::internal {
 
 using Clock = std::chrono::steady_clock;
+
+/// The error_code form of a Pending*::step() (connect, accept, resolve, join): what it throws,
+/// as `ec`, and an empty result.
+template <typename Step>
+auto step_or_code(Step&& step, std::error_code& ec) noexcept -> decltype(step()) {
+  try {
+    ec.clear();
+    return step();
+  } catch (const Error& e) {
+    ec = e.code();
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    ec = std::make_error_code(std::errc::io_error);  // e.g. a before_handshake that threw something else
+  }
+  return std::nullopt;
+}
 
 /// Throws ConnectError(err, phase) saying `text`.
 [[noreturn]] void fail(int err, Phase phase, const std::string& text, SourceLocation where);

@@ -266,18 +266,6 @@ int poll_ms(std::chrono::steady_clock::time_point t) {
   return static_cast<int>(std::clamp<long long>(left, 0, 100));
 }
 
-/// Times the longest of the calls it makes: a step must never wait for an event.
-struct LongestCall {
-  std::chrono::steady_clock::duration longest{};
-  template <typename F>
-  auto operator()(F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = f();
-    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
-    return r;
-  }
-};
-
 TEST_F(CmDatagram, OneThreadResolvesAndAnswersWithoutBlocking) {
   // One thread is both sides: with a blocking resolve() or accept() it would wait for itself.
   Datagram server(test_addr(), 0);
@@ -285,7 +273,7 @@ TEST_F(CmDatagram, OneThreadResolvesAndAnswersWithoutBlocking) {
   auto sbuf = MemoryRegion::allocate(server.pd(), 4096, Access::local_write);
   ASSERT_TRUE(posted(server.qp().post_recv(sbuf.slice(0, kGrh + 256), 1)));
   Datagram client(test_addr(), 0);
-  LongestCall clock;
+  StepClock clock;
   const auto hi = bytes_of("from an event loop");
   cm::PendingResolve pending = clock([&] { return client.start_resolve(test_addr(), server.port(), {.private_data = hi}); });
   EXPECT_EQ(pending.phase(), Phase::resolve_address);
@@ -349,7 +337,7 @@ TEST_F(CmDatagram, APendingResolveToASilentAddressFailsAtItsPhasesDeadline) {
   cm::PendingResolve pending = client.start_resolve(silent, 4791, {.timeout = 3s, .resolve_timeout = 1s});
   EXPECT_LE(pending.deadline(), t0 + 1500ms) << "the address resolution's deadline is its own limit";
   std::optional<ConnectError> e;
-  LongestCall clock;
+  StepClock clock;
   while (!e && std::chrono::steady_clock::now() < t0 + 10s) {
     pollfd f{pending.fd(), POLLIN, 0};
     (void)::poll(&f, 1, poll_ms(pending.deadline()));
@@ -367,7 +355,7 @@ TEST_F(CmDatagram, APendingResolveToASilentAddressFailsAtItsPhasesDeadline) {
 TEST_F(CmDatagram, TwoJoinsInProgressOnOneDatagramEachGetTheirOwnGroup) {
   Datagram a(test_addr(), 0), b(test_addr(), 0);
   const std::string g1 = group_for(5), g2 = group_for(6);
-  LongestCall clock;
+  StepClock clock;
   std::optional<cm::PendingJoin> j1(clock([&] { return a.start_join(g1, 10s); }));
   std::optional<cm::PendingJoin> j2(clock([&] { return a.start_join(g2, 10s); }));
   EXPECT_EQ(j1->group(), g1);

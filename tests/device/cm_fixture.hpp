@@ -2,6 +2,8 @@
 // fixture that skips without a device there, and small helpers.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -46,5 +48,18 @@ template <typename F>
 std::optional<cm::ConnectError> connect_error(F&& f) {
   return thrown_by<cm::ConnectError>(std::forward<F>(f));
 }
+
+/// Calls what it is given and keeps the longest time a call took: a step() of an event loop
+/// must never wait for an event.
+struct StepClock {
+  std::chrono::steady_clock::duration longest{};
+  template <typename F>
+  auto operator()(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+    return r;
+  }
+};
 
 }  // namespace verbs::test

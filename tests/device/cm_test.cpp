@@ -1367,17 +1367,6 @@ TEST_F(Cm, TheFirstConnectionOnADeviceReleasesItsIdWhileOthersLive) {
 // (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
 using CmEventLoop = Cm;
 
-struct StepClock {
-  std::chrono::steady_clock::duration longest{};
-  template <typename F>
-  auto operator()(F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = f();
-    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
-    return r;
-  }
-};
-
 TEST_F(CmEventLoop, OneThreadConnectsAndAcceptsManyAtOnceWithoutBlocking) {
   constexpr std::size_t kClients = 16;
   cm::Listener listener(test_addr(), 0);
