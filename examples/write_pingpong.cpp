@@ -146,7 +146,8 @@ int main(int argc, char** argv) try {
   }
 
   side.receive(0, true);
-  const std::uint32_t stride = (n + kMaxSamples - 1) / kMaxSamples;  // 1 up to a million round trips
+  // 1 up to a million round trips; in 64 bits, as n + kMaxSamples - 1 overflows 32 near -n 2^32.
+  const auto stride = static_cast<std::uint32_t>((std::uint64_t{n} + kMaxSamples - 1) / kMaxSamples);
   std::vector<double> half_rtt_us;
   half_rtt_us.reserve(n / stride + 1);
   double sum = 0, min = 0;

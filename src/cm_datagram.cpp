@@ -461,6 +461,7 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
   j->timeout = timeout;
   j->deadline = detail::deadline_after(timeout);
   j->where = where;
+  d.joining.reserve(d.joining.size() + 1);  // so that nothing can throw once rdma_cm has the join
   if (rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get()) != 0)  // NOLINT
     fail(errno, Phase::connect, "rdma_join_multicast(" + name + ")", where);
   // From here the join is rdma_cm's: the PendingJoin leaves it unless it completes.

@@ -170,8 +170,9 @@ class PendingJoin {
 /// there any more even while what was made from it (a region on its PD, a DatagramPeer's
 /// address handle) lives on: those keep the device context through an id of their own.
 ///
-/// Threads: one thread at a time for resolve(), accept(), join(), leave() and the steps of its
-/// PendingJoins (they read one event channel); posting and polling follow the core's QueuePair and CompletionQueue rules.
+/// Threads: one thread at a time for resolve(), accept(), join(), start_join(), leave() and its
+/// PendingJoins (their steps, moves and destruction: they read one event channel and change the
+/// Datagram's joins); posting and polling follow the core's QueuePair and CompletionQueue rules.
 class Datagram {
  public:
   /// Binds to `address` (an address of the RDMA device; "0.0.0.0" or "::" is refused, since a
