@@ -41,12 +41,12 @@ endforeach()
 add_test(NAME twohost.verbs_perf_verify
          COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/bench/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
 
-# bench/compare --serve (host a) and --connect (host b), end to end, a short run.
-set(verbs_twohost_compare --device rxe0 --pairs 1 --sweep-pairs 0 --scale 50)
-list(JOIN verbs_twohost_compare " " verbs_twohost_compare_text)
+# bench/compare --serve (host a) and --connect (host b), end to end, a short run. Host b leads;
+# host a needs only the device.
 add_test(NAME twohost.compare
-         COMMAND ${verbs_twohost_run} --a "${PROJECT_SOURCE_DIR}/bench/compare --serve --perf $<TARGET_FILE:verbs-perf> ${verbs_twohost_compare_text}"
-                 -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare ${verbs_twohost_compare})
+         COMMAND ${verbs_twohost_run} --a "${PROJECT_SOURCE_DIR}/bench/compare --serve --perf $<TARGET_FILE:verbs-perf> --device rxe0"
+                 -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare
+                    --device rxe0 --pairs 1 --sweep-pairs 0 --scale 50)
 
 # The faults a network brings (tests/twohost/faults.sh): loss, delay, reordering, duplication,
 # the link down, a host that loses power, connects that cannot succeed, and a soak.
