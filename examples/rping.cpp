@@ -79,7 +79,7 @@ Options parse(int argc, char** argv) {
 }
 
 void put_advert(const verbs::MemoryRegion& mr, const verbs::MemoryRegion& buffer, std::uint32_t size) {
-  const auto a = rping::encode_advert(reinterpret_cast<std::uint64_t>(buffer.data()), buffer.rkey(), size);  // NOLINT
+  const auto a = rping::encode_advert(buffer.iova(), buffer.rkey(), size);
   std::memcpy(mr.data(), a.data(), a.size());
 }
 

@@ -41,6 +41,14 @@ Buffer::~Buffer() { std::free(data_); }  // NOLINT
 
 MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
                            SourceLocation where)
+    : MemoryRegion(pd, memory, access, std::nullopt, where) {}
+
+MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access, Iova iova,
+                           SourceLocation where)
+    : MemoryRegion(pd, memory, access, iova.address, where) {}
+
+MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
+                           std::optional<std::uint64_t> iova, SourceLocation where)
     : access_(access) {
   detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion: the ProtectionDomain", where);
   constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
@@ -51,7 +59,8 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
   if (access & Access::zero_based)
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: Access::zero_based is not supported: slice() and remote() address the region "
-                        "by its virtual address, which a zero-based region does not answer to",
+                        "by its virtual address, which a zero-based region does not answer to (for zero-based "
+                        "addresses, register at Iova{0}: ibv_reg_mr_iova2(3))",
                         where);
   if (access & Access::on_demand) {
     ibv_device_attr_ex dev{};
@@ -62,9 +71,19 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
                           "(ibv_device_attr_ex::odp_caps.general_caps lacks IBV_ODP_SUPPORT)",
                           where);
   }
-  ibv_mr* mr = detail::check_ptr(
-      ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(), static_cast<int>(access.value())), "ibv_reg_mr", where);
+  if (iova && memory.size() > std::numeric_limits<std::uint64_t>::max() - *iova)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion: IOVA " + std::to_string(*iova) + " + " + std::to_string(memory.size()) +
+                            " bytes wraps around 2^64",
+                        where);
+  ibv_mr* mr = iova ? detail::check_ptr(ibv_reg_mr_iova2(pd.native_handle(), memory.data(), memory.size(), *iova,
+                                                         access.value()),
+                                        "ibv_reg_mr_iova2", where)
+                    : detail::check_ptr(ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(),
+                                                   static_cast<int>(access.value())),
+                                        "ibv_reg_mr", where);
   mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
+  iova_ = iova ? *iova : reinterpret_cast<std::uint64_t>(memory.data());  // NOLINT
 }
 
 MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where)

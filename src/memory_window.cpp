@@ -19,7 +19,7 @@ Errc bind_check(const ibv_mw* mw, const QueuePair& qp, const MemoryRegion& mr, L
   if ((want & ~kWindowRights) != 0 || (has & IBV_ACCESS_MW_BIND) == 0) return Errc::mw_bind_not_allowed;
   if ((want & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 && (has & IBV_ACCESS_LOCAL_WRITE) == 0)
     return Errc::mw_bind_not_allowed;
-  const auto base = reinterpret_cast<std::uint64_t>(mr.data());  // NOLINT
+  const std::uint64_t base = mr.iova();
   if (range.lkey() != mr.lkey() || range.addr() < base || range.addr() - base > mr.size() ||
       range.length() > mr.size() - (range.addr() - base))
     return Errc::local_out_of_bounds;

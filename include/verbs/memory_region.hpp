@@ -55,15 +55,17 @@ class LocalSlice {
   constexpr LocalSlice(std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) noexcept
       : sge_{addr, length, lkey} {}
 
-  /// Start address.
+  /// Start address, as the device knows it: the virtual address, or for a region registered at
+  /// an IOVA (MemoryRegion's Iova constructor), the IOVA.
   [[nodiscard]] constexpr std::uint64_t addr() const noexcept { return sge_.addr; }
   /// Length in bytes.
   [[nodiscard]] constexpr std::uint32_t length() const noexcept { return sge_.length; }
   /// Local key of the region.
   [[nodiscard]] constexpr std::uint32_t lkey() const noexcept { return sge_.lkey; }
-  /// The memory, as a pointer.
+  /// The memory, as a pointer: addr() taken as a virtual address. Not for a slice of a region
+  /// registered at an IOVA, whose addr() is no address of this process (MemoryRegion::bytes()).
   [[nodiscard]] std::byte* data() const noexcept { return reinterpret_cast<std::byte*>(sge_.addr); }  // NOLINT
-  /// The memory, as bytes.
+  /// The memory, as bytes (as data(): not for a slice of a region registered at an IOVA).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), sge_.length}; }
   /// The C scatter/gather entry.
   [[nodiscard]] const ibv_sge& native() const noexcept { return sge_; }
@@ -148,6 +150,13 @@ class Buffer {
   std::size_t size_ = 0;
 };
 
+/// An I/O virtual address (ibv_reg_mr_iova2(3)): the address a region's first byte has for the
+/// device, in local work requests and for the peer, in place of its virtual address. Iova{0}
+/// gives zero-based addresses, which a peer can use without knowing this process's address space.
+struct Iova {
+  std::uint64_t address = 0;  ///< the IOVA of the region's first byte
+};
+
 namespace detail {
 /// What a moved-from MemoryRegion points at: a region of no bytes, so that the accessors need
 /// no null test (and compilers see no null pointer in code that offsets data()).
@@ -166,6 +175,17 @@ class MemoryRegion {
   /// EOPNOTSUPP where the device does not page on demand (Device::has_odp()). Throws Error from
   /// ibv_reg_mr (EINVAL, ENOMEM, EFAULT for read-only pages with local_write, EOPNOTSUPP).
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access = {},
+               SourceLocation where = SourceLocation::current());
+
+  /// Registers `memory` at the I/O virtual address `iova` (ibv_reg_mr_iova2(3)): the region's
+  /// bytes are addressed from iova.address on, by slice() and remote() and so by every work
+  /// request, local and remote, not by their virtual address (`data()` and `bytes()` still give
+  /// the memory; a LocalSlice's `bytes()` does not). Best with the same offset within a page as
+  /// the memory (Iova{0} for page-aligned memory); some devices refuse other offsets. The same
+  /// checks as above, and iova.address + size wrapping around 2^64 is refused before registering
+  /// (Errc::bad_argument). Throws Error from ibv_reg_mr_iova2 (EINVAL, ENOMEM, EFAULT,
+  /// EOPNOTSUPP).
+  MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access, Iova iova,
                SourceLocation where = SourceLocation::current());
 
   /// Registers any contiguous range of trivially copyable, non-const elements: an lvalue, or a
@@ -187,7 +207,10 @@ class MemoryRegion {
 
   /// Move-only: the moved-from region is empty.
   MemoryRegion(MemoryRegion&& o) noexcept
-      : buffer_(std::move(o.buffer_)), mr_(std::exchange(o.mr_, empty_handle_())), access_(std::exchange(o.access_, {})) {}
+      : buffer_(std::move(o.buffer_)),
+        mr_(std::exchange(o.mr_, empty_handle_())),
+        iova_(std::exchange(o.iova_, 0)),
+        access_(std::exchange(o.access_, {})) {}
   /// Deregisters the old region before its owned buffer is freed.
   MemoryRegion& operator=(MemoryRegion&& o) noexcept {
     MemoryRegion(std::move(o)).swap(*this);
@@ -200,6 +223,7 @@ class MemoryRegion {
   void swap(MemoryRegion& o) noexcept {
     buffer_.swap(o.buffer_);
     mr_.swap(o.mr_);
+    std::swap(iova_, o.iova_);
     std::swap(access_, o.access_);
   }
 
@@ -220,6 +244,9 @@ class MemoryRegion {
   [[nodiscard]] explicit operator bool() const noexcept { return mr_.get() != detail::empty_mr(); }
   /// The rights the region was registered with.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
+  /// The address of the region's first byte for the device and the peer: its virtual address
+  /// (data()), or the IOVA it was registered at (0 for a moved-from region).
+  [[nodiscard]] std::uint64_t iova() const noexcept { return iova_; }
 
   /// A local slice [offset, offset + len). Throws Error(Errc::local_out_of_bounds) when it does
   /// not fit in the region, Error(Errc::length_overflow) when len >= 2^32.
@@ -229,7 +256,7 @@ class MemoryRegion {
       detail::throw_slice_error(*this ? Errc::local_out_of_bounds : Errc::empty_object, offset, len, size(), where);
     if (len > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
       detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
-    return {reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
+    return {iova_ + offset, static_cast<std::uint32_t>(len), lkey()};
   }
   /// The whole region as one local slice.
   [[nodiscard]] LocalSlice slice(SourceLocation where = SourceLocation::current()) const {
@@ -238,13 +265,11 @@ class MemoryRegion {
   /// As slice(), empty instead of throwing.
   [[nodiscard]] std::optional<LocalSlice> try_slice(std::size_t offset, std::size_t len) const noexcept {
     if (offset > size() || len > size() - offset || len > std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
-    return LocalSlice{reinterpret_cast<std::uint64_t>(data() + offset), static_cast<std::uint32_t>(len), lkey()};  // NOLINT
+    return LocalSlice{iova_ + offset, static_cast<std::uint32_t>(len), lkey()};
   }
-  /// What the peer needs to read, write or use atomics on this region. The rkey only opens what
-  /// `access()` grants.
-  [[nodiscard]] RemoteSlice remote() const noexcept {
-    return {reinterpret_cast<std::uint64_t>(data()), size(), rkey()};  // NOLINT
-  }
+  /// What the peer needs to read, write or use atomics on this region (from iova()). The rkey
+  /// only opens what `access()` grants.
+  [[nodiscard]] RemoteSlice remote() const noexcept { return {iova_, size(), rkey()}; }
 
   /// ibv_advise_mr(3) on slices of this region, registered with Access::on_demand: fault their
   /// pages in before the device needs them, so the first operations on them do not wait for
@@ -263,11 +288,15 @@ class MemoryRegion {
 
  private:
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
+  // Both public constructors: iova empty registers at the memory's own address (ibv_reg_mr).
+  MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
+               std::optional<std::uint64_t> iova, SourceLocation where);
   // Owns nothing: aliases the static empty region without a control block.
   static std::shared_ptr<ibv_mr> empty_handle_() noexcept { return {std::shared_ptr<void>(), detail::empty_mr()}; }
 
   Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
   std::shared_ptr<ibv_mr> mr_ = empty_handle_();  // deleter holds the protection domain
+  std::uint64_t iova_ = 0;       // the first byte's address in work requests (ibv_mr has no field for it)
   AccessFlags access_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -154,6 +155,77 @@ TEST_F(MemoryRegion, ZeroBasedIsRefusedWithAClearError) {
   ASSERT_TRUE(e) << "a zero-based region was registered, and its remote() says its virtual address";
   EXPECT_EQ(e->code(), make_error_code(Errc::bad_argument));
   EXPECT_TRUE(contains(e->what(), "zero_based")) << e->what();
+}
+
+// ibv_reg_mr_iova2 (rdma-core tests/test_mr.py registers at an IOVA too): a region registered at
+// Iova{0} is addressed from 0 by the peer's writes, reads and atomics, one registered at another
+// IOVA by local work requests, and either's bytes are the memory's.
+TEST_F(MemoryRegion, ARegionAtAnIovaIsAddressedFromItByLocalAndRemoteWorkRequests) {
+  constexpr std::size_t size = 64 * 1024, part = 32 * 1024;
+  const auto rights = Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
+  verbs::Buffer target_memory(size);
+  verbs::MemoryRegion target(*pd, target_memory.span(), rights, verbs::Iova{0});
+  EXPECT_EQ(target.iova(), 0u);
+  EXPECT_EQ(target.remote(), (verbs::RemoteSlice{0, size, target.rkey()}));
+  EXPECT_EQ(target.slice(4096, 8).addr(), 4096u);
+  EXPECT_EQ(target.data(), target_memory.data());
+  verbs::Buffer src_memory(size);
+  constexpr std::uint64_t src_iova = 0x7000'0000'0000;  // page-aligned, as the memory is
+  verbs::MemoryRegion src(*pd, src_memory.span(), Access::local_write, verbs::Iova{src_iova});
+  EXPECT_EQ(src.slice(16, 8).addr(), src_iova + 16);
+  auto back = verbs::MemoryRegion::allocate(*pd, size, Access::local_write);
+  fill_pattern(src.bytes(), 11);
+  QpPair p(*dev, *pd, {.access = Access::remote_write | Access::remote_read | Access::remote_atomic});
+
+  // From the IOVA region into the zero-based one at 8 KiB.
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, part), target.remote().slice(8192, part), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(target.bytes().subspan(8192, part), src.bytes().first(part)));
+  EXPECT_TRUE(all_bytes(target.bytes().first(8192), std::byte{0}));
+  // Read back, into a plain region and into the IOVA region's second half.
+  ASSERT_TRUE(posted(p.a.post_read(back.slice(0, part), target.remote().slice(8192, part), {.wr_id = 2})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_read, 2));
+  EXPECT_TRUE(same_bytes(back.bytes().first(part), src.bytes().first(part)));
+  ASSERT_TRUE(posted(p.a.post_read(src.slice(part, 1024), target.remote().slice(8192, 1024), {.wr_id = 3})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_read, 3));
+  EXPECT_TRUE(same_bytes(src.bytes().subspan(part, 1024), src.bytes().first(1024)));
+  // A counter at address 0.
+  const std::uint64_t five = 5;
+  std::memcpy(target.data(), &five, 8);
+  ASSERT_TRUE(posted(p.a.post_fetch_add(back.slice(part, 8), target.remote().slice(0, 8), 7, {.wr_id = 4})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::fetch_add, 4));
+  std::uint64_t old = 0, now = 0;
+  std::memcpy(&old, back.data() + part, 8);
+  std::memcpy(&now, target.data(), 8);
+  EXPECT_EQ(old, 5u);
+  EXPECT_EQ(now, 12u);
+}
+
+TEST_F(MemoryRegion, AnIovaWhoseRangeWrapsAroundIsRefusedBeforeRegistering) {
+  std::vector<std::byte> memory(4096);
+  const auto e = thrown_error([&] {
+    verbs::MemoryRegion mr(*pd, std::span(memory), Access::local_write,
+                           verbs::Iova{std::numeric_limits<std::uint64_t>::max() - 100});
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), make_error_code(Errc::bad_argument)) << e->what();
+  EXPECT_TRUE(contains(e->what(), "wraps around")) << e->what();
+}
+
+TEST_F(MemoryRegion, AMovedFromRegionAtAnIovaHasNoIova) {
+  verbs::Buffer memory(4096);
+  verbs::MemoryRegion a(*pd, memory.span(), Access::local_write, verbs::Iova{1u << 20});
+  verbs::MemoryRegion b(std::move(a));
+  EXPECT_EQ(b.iova(), 1u << 20);
+  EXPECT_EQ(b.slice(0, 8).addr(), 1u << 20);
+  EXPECT_EQ(a.iova(), 0u);  // NOLINT(bugprone-use-after-move): moved-from state is specified
+  EXPECT_FALSE(a.try_slice(0, 1));
+  verbs::MemoryRegion c = verbs::MemoryRegion::allocate(*pd, 4096);
+  const std::uint64_t c_iova = c.iova();
+  EXPECT_EQ(c_iova, reinterpret_cast<std::uint64_t>(c.data()));  // NOLINT
+  swap(b, c);
+  EXPECT_EQ(b.iova(), c_iova);
+  EXPECT_EQ(c.iova(), 1u << 20);
 }
 
 // The constructors' errors point at the caller's line, not into the library.

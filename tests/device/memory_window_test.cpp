@@ -89,6 +89,31 @@ TEST_F(Window, Type2BindOpensTheRangeUnderANewRkey) {
   EXPECT_TRUE(same_bytes(dst->bytes().first(8192), src->bytes().first(8192)));
 }
 
+// A window on a region registered at an IOVA opens the IOVA range it is bound to.
+TEST_F(Window, AWindowOnARegionAtAnIovaOpensThatIovaRange) {
+  need_type2();
+  verbs::Buffer memory(64 * 1024);
+  MemoryRegion zero_based(*pd, memory.span(), all_access | Access::mw_bind, verbs::Iova{0});
+  QpPair p(*dev, *pd, {.access = all_access});
+  MemoryWindow w(*pd, MwType::type2);
+  ASSERT_TRUE(posted(w.bind(p.b, zero_based, zero_based.slice(4096, 8192), kWindowRights, {.wr_id = 77})));
+  const Completion c = expect_completion(p.cq_b);
+  ASSERT_TRUE(completed(c, WcOpcode::bind_mw, 77)) << describe(c);
+  EXPECT_EQ(w.remote().addr, 4096u);
+  fill_pattern(src->bytes().first(8192), 8);
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 8192), w.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(memory.span().subspan(4096, 8192), src->bytes().first(8192)));
+  EXPECT_TRUE(all_bytes(memory.span().first(4096), std::byte{0}));
+  // Past the IOVA range's end is still outside the region.
+  MemoryWindow w2(*pd, MwType::type2);
+  EXPECT_TRUE(rejected(w2.bind(p.b, zero_based, verbs::LocalSlice{memory.span().size() - 4, 8, zero_based.lkey()},
+                               kWindowRights),
+                       Errc::local_out_of_bounds));
+  ASSERT_TRUE(posted(w.invalidate(p.b, {.wr_id = 78})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_b), WcOpcode::local_inv, 78));
+}
+
 TEST_F(Window, ABindAfterAnInvalidateChangesTheRkeyAndTheOldOneStopsWorking) {
   need_type2();
   QpPair p(*dev, *pd, {.access = all_access});

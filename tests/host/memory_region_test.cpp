@@ -51,6 +51,11 @@ static_assert(RemoteSlice::wire_size == 24);
 
 // A temporary container would be freed at the end of the statement while the device keeps
 // its address: only lvalues and borrowed ranges (views of someone else's memory) register.
+// An IOVA is named (Iova{...}): a bare integer after the access is no IOVA.
+static_assert(std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::span<std::byte>,
+                                      verbs::AccessFlags, verbs::Iova>);
+static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::span<std::byte>,
+                                       verbs::AccessFlags, std::uint64_t>);
 static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::vector<int>>);
 static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::vector<int>&&>);
 static_assert(!std::is_constructible_v<verbs::MemoryRegion, const verbs::ProtectionDomain&, std::array<int, 4>>);
