@@ -56,7 +56,7 @@ add_test(NAME twohost.compare
 # with wrong data, as host b's kernel logged a WARNING in rxe_completer (rxe_comp.c:756); and after
 # a flap, three times, rdma_cm on that host answered no new connection request (its QP 1 still in
 # RTS). All three are rxe's; on a NIC the case is meaningful. The 12 s outage is therefore a cut wire (netem loss 100%), link_cut_fails.
-foreach(case loss1 loss5 delay reorder duplicate link_cut_fails host_killed server_survives
+foreach(case loss1 loss5 delay reorder duplicate link_cut_survives link_cut_fails host_killed server_survives
              connect_down_host connect_no_listener soak)
   add_test(NAME twohost.fault.${case}
            COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)

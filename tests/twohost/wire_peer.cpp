@@ -195,6 +195,7 @@ int serve(const Options& o) {
 // ---- client -----------------------------------------------------------------------------------
 struct Result {
   std::uint64_t rounds = 0, ops = 0;
+  Clock::duration longest{};  // the slowest round: what a fault held up
   bool failed = false;
 };
 
@@ -220,6 +221,7 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
     };
     std::uint64_t adds = 0;
     for (std::uint64_t i = 0; o.rounds != 0 ? i < o.rounds : Clock::now() < end; ++i) {
+      const auto round_start = Clock::now();
       const std::size_t size = std::min(kSizes[i % std::size(kSizes)], o.max_size);
       const std::uint64_t seed = (static_cast<std::uint64_t>(k) << 40) ^ i;
       step = "write";
@@ -273,6 +275,7 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
         throw std::runtime_error("fetch-and-add returned " + std::to_string(old) + ", expected " + std::to_string(adds));
       ++adds;
       ++r.rounds;
+      r.longest = std::max(r.longest, Clock::now() - round_start);
     }
     step = "final read";
     posted = Clock::now();
@@ -284,6 +287,8 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
                                                 std::to_string(adds) + " adds");
     say("wire_peer: connection %d: %llu rounds, %llu operations, all checked\n", k,
         static_cast<unsigned long long>(r.rounds), static_cast<unsigned long long>(r.ops));
+    say("wire_peer: connection %d: longest round %lld ms\n", k,
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(r.longest).count()));
   } catch (const std::exception& e) {
     r.failed = true;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - posted).count();
