@@ -67,7 +67,9 @@ now_ms() { date +%s%3N; }
 # timeout of 537 ms (17): an emulated host (QEMU TCG, two guests on two CPUs) stalls for half a
 # second now and then, which the default's 7 tries of 67 ms do not outlast (measured: in the
 # soak, 7 of 8 connections failed at once, 0.48 s after their last post). On a NIC the default
-# is right; here it would test the emulation's scheduling, not RC's retransmission.
+# is right; here it would test the emulation's scheduling, not RC's retransmission. The server
+# takes it too: its echoes are requests of its own (link_cut_survives showed what a server at the
+# defaults does to its clients).
 emu=(--ack-timeout 17)
 # The failure cases (link_cut_fails, host_killed) use it too: with the defaults, a stall before
 # the fault once failed a connection 3.1 s before it (RETRY_EXC_ERR 486 ms after its last post).
@@ -148,7 +150,7 @@ failed_within() {
 case $case_name in
   loss1)
     netem loss 1%
-    serve_on_a
+    serve_on_a "${emu[@]}"
     checked client -c 2 -n 60 "${emu[@]}"
     stop_server
     ;;
@@ -157,7 +159,7 @@ case $case_name in
     # retry, so at 5% loss a 48 KiB message (48 packets, ~2.4 lost per try) ran out of its 7
     # tries now and then (RETRY_EXC_ERR after 3.3 s, 1 run in 3).
     netem loss 5%
-    serve_on_a
+    serve_on_a "${emu[@]}"
     checked client -c 2 -n 60 --max-size 4096 "${emu[@]}"
     stop_server
     ;;
@@ -166,7 +168,7 @@ case $case_name in
     # queue; its plain jitter would reorder them, which is the reorder case): round trips of
     # 32-60 ms.
     netem delay 15ms slot 1ms 15ms
-    serve_on_a
+    serve_on_a "${emu[@]}"
     checked client -c 2 -n 30 "${emu[@]}"
     stop_server
     ;;
@@ -175,13 +177,13 @@ case $case_name in
     # early makes the responder NAK a sequence error and the requester go back: on rxe every such
     # NAK costs a transport retry, so heavy reordering ends a connection (25% did, in 0.6 s).
     netem delay 5ms reorder 5% 50%
-    serve_on_a
+    serve_on_a "${emu[@]}"
     checked client -c 2 -n 40 "${emu[@]}"
     stop_server
     ;;
   duplicate)
     netem duplicate 5%
-    serve_on_a
+    serve_on_a "${emu[@]}"
     checked client -c 2 -n 100 "${emu[@]}"
     stop_server
     ;;
@@ -426,7 +428,7 @@ case $case_name in
     # what loss5 showed is the likely cause: rxe spends a transport retry on every sequence-error
     # NAK, so a 48 KiB message can run out of its 7. loss1 keeps the 48 KiB ones.
     netem loss 1%
-    serve_on_a --idle 30
+    serve_on_a --idle 30 "${emu[@]}"
     checked client -c 8 -t "${VERBS_SOAK_SECONDS:-120}" --max-size 16384 "${emu[@]}"
     stop_server
     ;;
