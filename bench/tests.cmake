@@ -39,9 +39,9 @@ set_tests_properties(bench.compare_report_not_json PROPERTIES LABELS host TIMEOU
 
 # bench/compare on two hosts (--serve and --connect) with stand-ins for perftest and verbs-perf
 # on 127.0.0.1: a run that fails on either side is repeated on both (CI saw perftest's "Can't
-# produce a report" end a cross-host compare); a server that never starts ends both sides within
+# produce a report" end a cross-host compare), or its server alone; a server that never starts ends both sides within
 # a bound; a request for a server with anything but flags and numbers is refused. Host tests.
-foreach(case repeat no_server refused)
+foreach(case repeat server_fails no_server refused)
   add_test(NAME bench.compare_two_hosts_${case} COMMAND ${CMAKE_CURRENT_LIST_DIR}/compare-two-hosts-check ${case})
   set_tests_properties(bench.compare_two_hosts_${case} PROPERTIES LABELS host TIMEOUT 300)
 endforeach()

@@ -23,7 +23,10 @@ namespace verbs {
 struct PostOptions {
   std::uint64_t wr_id = 0;   ///< returned in the completion
   bool signaled = true;      ///< ask for a completion
-  bool inline_data = false;  ///< copy the payload into the WQE (IBV_SEND_INLINE; sends and writes only); lkey unused
+  /// Copy the payload into the WQE (IBV_SEND_INLINE; sends and writes only); lkey unused. The
+  /// provider reads the slices' addresses as pointers: not for slices of a region registered at
+  /// an IOVA (MemoryRegion's Iova constructor), whose addresses are not this process's.
+  bool inline_data = false;
   bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
   bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)
 };

@@ -219,7 +219,7 @@ case $case_name in
     # (7 tries of 67 ms, about 0.5 s on rxe) its QPs failed during the cut, and then every
     # connection ran out of its retries 3.8 s into the cut (measured, 3 runs of 3).
     serve_on_a "${emu[@]}"
-    ("$pair" run sh -c 'sleep 3; tc qdisc add dev eth0 root netem loss 100%; sleep 2; tc qdisc del dev eth0 root; echo "host a: the wire was cut for 2 s"' >"$work/down" 2>&1) &
+    ("$pair" run sh -c 'sleep 3; tc qdisc add dev eth0 root netem loss 100%; sleep 2; tc qdisc del dev eth0 root && echo "host a: the wire was cut for 2 s"' >"$work/down" 2>&1) &
     lpid=$!
     checked client -c 2 -t 10 "${emu[@]}"
     wait "$lpid"
