@@ -59,8 +59,8 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
   if (access & Access::zero_based)
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: Access::zero_based is not supported: slice() and remote() address the region "
-                        "by its virtual address, which a zero-based region does not answer to (for zero-based "
-                        "addresses, register at Iova{0}: ibv_reg_mr_iova2(3))",
+                        "from iova(), its virtual address unless registered at an Iova (for zero-based addresses, "
+                        "register at Iova{0}: ibv_reg_mr_iova2(3))",
                         where);
   if (access & Access::on_demand) {
     ibv_device_attr_ex dev{};

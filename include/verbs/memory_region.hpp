@@ -179,10 +179,11 @@ class MemoryRegion {
 
   /// Registers `memory` at the I/O virtual address `iova` (ibv_reg_mr_iova2(3)): the region's
   /// bytes are addressed from iova.address on, by slice() and remote() and so by every work
-  /// request, local and remote, not by their virtual address (`data()` and `bytes()` still give
-  /// the memory; a LocalSlice's `bytes()` does not, and an inline send or write, whose payload
-  /// the provider copies from the slice's address, cannot take such a slice). Best with the same offset within a page as
-  /// the memory (Iova{0} for page-aligned memory); some devices refuse other offsets. The same
+  /// request, local and remote, not by their virtual address. `data()` and `bytes()` still give
+  /// the memory; a LocalSlice's `bytes()` does not, and an inline send or write (the provider
+  /// copies its payload from the slice's address) cannot take such a slice. Best with the same
+  /// offset within a page as the memory (Iova{0} for page-aligned memory); some devices refuse
+  /// other offsets. The same
   /// checks as above, and iova.address + size wrapping around 2^64 is refused before registering
   /// (Errc::bad_argument). Throws Error from ibv_reg_mr_iova2 (EINVAL, ENOMEM, EFAULT,
   /// EOPNOTSUPP).
