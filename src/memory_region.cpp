@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -39,6 +40,43 @@ Buffer::Buffer(std::size_t size) {
 
 Buffer::~Buffer() { std::free(data_); }  // NOLINT
 
+// Deregisters; then the control block frees the buffer and lets go of the protection domain.
+struct MemoryRegion::Deleter {
+  std::shared_ptr<ibv_pd> pd;  // the registration's protection domain
+  Buffer buffer;               // memory the region owns (allocate()), if any
+  void operator()(ibv_mr* m) const noexcept { ibv_dereg_mr(m); }
+};
+
+namespace {
+
+// The checks of a region's rights, before registering or re-registering on `context`.
+void check_access(AccessFlags access, ibv_context* context, const char* what, SourceLocation where) {
+  constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
+  if ((access & needs_local_write) && !(access & Access::local_write))
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        std::string(what) + ": remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
+                        where);
+  if (access & Access::zero_based)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        std::string(what) +
+                            ": Access::zero_based is not supported: slice() and remote() address the region "
+                            "from iova(), its virtual address unless registered at an Iova (for zero-based "
+                            "addresses, register at Iova{0}: ibv_reg_mr_iova2(3))",
+                        where);
+  if (access & Access::on_demand) {
+    ibv_device_attr_ex dev{};
+    detail::check_rc(ibv_query_device_ex(context, nullptr, &dev), "ibv_query_device_ex", where);
+    if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0)
+      detail::throw_errno(EOPNOTSUPP,
+                          std::string(what) +
+                              ": Access::on_demand on a device that does not page on demand "
+                              "(ibv_device_attr_ex::odp_caps.general_caps lacks IBV_ODP_SUPPORT)",
+                          where);
+  }
+}
+
+}  // namespace
+
 MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
                            SourceLocation where)
     : MemoryRegion(pd, memory, access, std::nullopt, where) {}
@@ -51,26 +89,7 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
                            std::optional<std::uint64_t> iova, SourceLocation where)
     : access_(access) {
   detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion: the ProtectionDomain", where);
-  constexpr AccessFlags needs_local_write = Access::remote_write | Access::remote_atomic;
-  if ((access & needs_local_write) && !(access & Access::local_write))
-    detail::throw_error(make_error_code(Errc::bad_argument),
-                        "MemoryRegion: remote_write and remote_atomic require local_write (ibv_reg_mr(3))",
-                        where);
-  if (access & Access::zero_based)
-    detail::throw_error(make_error_code(Errc::bad_argument),
-                        "MemoryRegion: Access::zero_based is not supported: slice() and remote() address the region "
-                        "from iova(), its virtual address unless registered at an Iova (for zero-based addresses, "
-                        "register at Iova{0}: ibv_reg_mr_iova2(3))",
-                        where);
-  if (access & Access::on_demand) {
-    ibv_device_attr_ex dev{};
-    detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
-    if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0)
-      detail::throw_errno(EOPNOTSUPP,
-                          "MemoryRegion: Access::on_demand on a device that does not page on demand "
-                          "(ibv_device_attr_ex::odp_caps.general_caps lacks IBV_ODP_SUPPORT)",
-                          where);
-  }
+  check_access(access, pd.native_handle()->context, "MemoryRegion", where);
   if (iova && memory.size() > std::numeric_limits<std::uint64_t>::max() - *iova)
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion: IOVA " + std::to_string(*iova) + " + " + std::to_string(memory.size()) +
@@ -82,13 +101,69 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
                     : detail::check_ptr(ibv_reg_mr(pd.native_handle(), memory.data(), memory.size(),
                                                    static_cast<int>(access.value())),
                                         "ibv_reg_mr", where);
-  mr_ = std::shared_ptr<ibv_mr>(mr, [pd = pd.shared_handle()](ibv_mr* m) { ibv_dereg_mr(m); });
+  mr_ = std::shared_ptr<ibv_mr>(mr, Deleter{pd.shared_handle(), {}});
+  data_ = memory.data();
   iova_ = iova ? *iova : reinterpret_cast<std::uint64_t>(memory.data());  // NOLINT
+}
+
+MemoryRegion::MemoryRegion(const ProtectionDomain& pd, DmaBuf buf, AccessFlags access, Iova iova, SourceLocation where)
+    : access_(access), kind_(Kind::dmabuf) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion: the ProtectionDomain", where);
+  check_access(access, pd.native_handle()->context, "MemoryRegion (dma-buf)", where);
+  if (buf.fd < 0)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion: dma-buf file descriptor " + std::to_string(buf.fd) + " is not one", where);
+  if (buf.length == 0)
+    detail::throw_error(make_error_code(Errc::bad_argument), "MemoryRegion: a dma-buf region of 0 bytes", where);
+  if (buf.length > std::numeric_limits<std::uint64_t>::max() - iova.address)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion: IOVA " + std::to_string(iova.address) + " + " + std::to_string(buf.length) +
+                            " bytes wraps around 2^64",
+                        where);
+  ibv_mr* mr = detail::check_ptr(ibv_reg_dmabuf_mr(pd.native_handle(), buf.offset, buf.length, iova.address, buf.fd,
+                                                   static_cast<int>(access.value())),
+                                 "ibv_reg_dmabuf_mr", where);
+  mr_ = std::shared_ptr<ibv_mr>(mr, Deleter{pd.shared_handle(), {}});
+  iova_ = iova.address;
+}
+
+MemoryRegion MemoryRegion::implicit_on_demand(const ProtectionDomain& pd, AccessFlags access, SourceLocation where) {
+  detail::require_not_empty(pd.native_handle() != nullptr, "MemoryRegion::implicit_on_demand: the ProtectionDomain",
+                            where);
+  access |= Access::on_demand;
+  check_access(access, pd.native_handle()->context, "MemoryRegion::implicit_on_demand", where);
+  ibv_device_attr_ex dev{};
+  detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
+  if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) == 0)
+    detail::throw_errno(EOPNOTSUPP,
+                        "MemoryRegion::implicit_on_demand: the device has no implicit on-demand paging "
+                        "(ibv_device_attr_ex::odp_caps.general_caps lacks IBV_ODP_SUPPORT_IMPLICIT)",
+                        where);
+  ibv_mr* mr = detail::check_ptr(
+      ibv_reg_mr(pd.native_handle(), nullptr, std::numeric_limits<std::size_t>::max(), static_cast<int>(access.value())),
+      "ibv_reg_mr", where);
+  MemoryRegion r;
+  r.mr_ = std::shared_ptr<ibv_mr>(mr, Deleter{pd.shared_handle(), {}});
+  r.access_ = access;
+  r.kind_ = Kind::implicit;
+  return r;
+}
+
+LocalSlice MemoryRegion::slice(std::span<const std::byte> memory, SourceLocation where) const {
+  if (kind_ == Kind::dmabuf)
+    detail::throw_error(make_error_code(Errc::bad_argument),
+                        "MemoryRegion::slice: a dma-buf region has no memory in this process: slice it by offset",
+                        where);
+  const auto addr = reinterpret_cast<std::uintptr_t>(memory.data());  // NOLINT
+  const auto base = reinterpret_cast<std::uintptr_t>(data_);          // NOLINT
+  // Outside the region (or wrapping around): an offset that slice() reports as out of bounds.
+  const std::size_t offset = addr >= base ? addr - base : std::numeric_limits<std::size_t>::max();
+  return slice(offset, memory.size(), where);
 }
 
 MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where)
     : MemoryRegion(pd, buffer.span(), access, where) {
-  buffer_ = std::move(buffer);
+  std::get_deleter<Deleter>(mr_)->buffer = std::move(buffer);
 }
 
 MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access,
@@ -114,6 +189,60 @@ void MemoryRegion::advise(std::span<const LocalSlice> slices, bool wait, SourceL
   detail::check_rc(ibv_advise_mr(mr_->pd, advice, wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
                                  static_cast<std::uint32_t>(sges.size())),
                    "ibv_advise_mr", where);
+}
+
+void MemoryRegion::rereg(const Rereg& change, SourceLocation where) {
+  detail::require_not_empty(static_cast<bool>(*this), "MemoryRegion::rereg: the MemoryRegion", where);
+  const auto refuse = [&](const std::string& why) {
+    detail::throw_error(make_error_code(Errc::bad_argument), "MemoryRegion::rereg: " + why, where);
+  };
+  if (kind_ != Kind::memory)
+    refuse(kind_ == Kind::dmabuf ? "a dma-buf region cannot be re-registered (ibv_rereg_mr(3))"
+                                 : "an implicit on-demand region cannot be re-registered");
+  if (change.pd == nullptr && !change.memory && !change.access) refuse("nothing to change");
+  int flags = 0;
+  ibv_pd* pd = nullptr;
+  if (change.pd != nullptr) {
+    detail::require_not_empty(change.pd->native_handle() != nullptr, "MemoryRegion::rereg: the ProtectionDomain",
+                              where);
+    pd = change.pd->native_handle();
+    if (pd->context != mr_->context) refuse("the protection domain is on another device context");
+    flags |= IBV_REREG_MR_CHANGE_PD;
+  }
+  void* addr = nullptr;
+  std::size_t length = 0;
+  if (change.memory) {
+    if (change.memory->empty()) refuse("new memory of 0 bytes");
+    addr = change.memory->data();
+    length = change.memory->size();
+    flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
+  }
+  int access = 0;
+  if (change.access) {
+    check_access(*change.access, mr_->context, "MemoryRegion::rereg", where);
+    access = static_cast<int>(change.access->value());
+    flags |= IBV_REREG_MR_CHANGE_ACCESS;
+  }
+  errno = 0;
+  const int rc = ibv_rereg_mr(mr_.get(), flags, pd, addr, length, access);
+  const int err = errno != 0 ? errno : EIO;
+  if (rc == IBV_REREG_MR_ERR_INPUT || rc == IBV_REREG_MR_ERR_DONT_FORK_NEW)  // the registration is as it was
+    detail::throw_errno(err, "ibv_rereg_mr", where);
+  if (rc == IBV_REREG_MR_ERR_CMD || rc == IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW) {
+    // The kernel refused the command. EOPNOTSUPP comes before anything is changed (no such
+    // operation, or not this change); after any other failure ibv_rereg_mr(3) says the MR
+    // "shouldn't be used", so this region lets go of it.
+    if (err != EOPNOTSUPP) MemoryRegion().swap(*this);
+    detail::throw_errno(err, "ibv_rereg_mr", where);
+  }
+  // Done (IBV_REREG_MR_ERR_DO_FORK_OLD too: only the old pages' fork protection stayed on).
+  if (change.pd != nullptr) std::get_deleter<Deleter>(mr_)->pd = change.pd->shared_handle();
+  if (change.memory) {
+    data_ = change.memory->data();
+    iova_ = reinterpret_cast<std::uint64_t>(data_);  // NOLINT
+    Buffer().swap(std::get_deleter<Deleter>(mr_)->buffer);  // registered no longer
+  }
+  if (change.access) access_ = *change.access;
 }
 
 RemoteSlice::Wire RemoteSlice::encode() const noexcept {

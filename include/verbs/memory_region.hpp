@@ -157,6 +157,22 @@ struct Iova {
   std::uint64_t address = 0;  ///< the IOVA of the region's first byte
 };
 
+/// A dma-buf (ibv_reg_dmabuf_mr(3)): `length` bytes from `offset` of the buffer behind the file
+/// descriptor `fd`, as an exporter gives one (a GPU driver, udmabuf). The registration takes its
+/// own reference to the buffer: the caller may close `fd` afterwards.
+struct DmaBuf {
+  int fd = -1;               ///< the dma-buf's file descriptor
+  std::uint64_t offset = 0;  ///< where the region starts within the buffer
+  std::size_t length = 0;    ///< bytes registered
+};
+
+/// What MemoryRegion::rereg changes (ibv_rereg_mr(3)); what is left empty stays as it is.
+struct Rereg {
+  const ProtectionDomain* pd = nullptr;        ///< a new protection domain (IBV_REREG_MR_CHANGE_PD)
+  std::optional<std::span<std::byte>> memory{};  ///< new memory (IBV_REREG_MR_CHANGE_TRANSLATION)
+  std::optional<AccessFlags> access{};           ///< new rights (IBV_REREG_MR_CHANGE_ACCESS)
+};
+
 namespace detail {
 /// What a moved-from MemoryRegion points at: a region of no bytes, so that the accessors need
 /// no null test (and compilers see no null pointer in code that offsets data()).
@@ -164,8 +180,10 @@ ibv_mr* empty_mr() noexcept;
 }  // namespace detail
 
 /// A registered memory region (ibv_reg_mr(3)). Move-only; keeps its protection domain alive.
-/// The memory must outlive the region, and every work request that uses it must have completed
-/// before the region is destroyed.
+/// Memory the caller gives must outlive the region and every memory window bound to it (a window
+/// keeps the registration, and so the peer's access); memory the region allocated lives as long
+/// as they do. Every work request that uses the region must have completed before it is
+/// destroyed.
 class MemoryRegion {
  public:
   /// Registers `memory` with `access` (no right by default). Remote write or atomic access
@@ -190,6 +208,15 @@ class MemoryRegion {
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access, Iova iova,
                SourceLocation where = SourceLocation::current());
 
+  /// Registers a dma-buf (ibv_reg_dmabuf_mr(3)), e.g. GPU memory, addressed from `iova` by
+  /// slice() and remote(). The region has no memory in this process: data() is null, bytes()
+  /// empty, and only slice(offset, len) makes slices. The same checks of `access` as above;
+  /// a negative fd and a zero length are refused before registering (Errc::bad_argument). Throws
+  /// Error from ibv_reg_dmabuf_mr: EOPNOTSUPP where the device takes no dma-buf (rxe), EINVAL,
+  /// EBADF, ENOMEM.
+  MemoryRegion(const ProtectionDomain& pd, DmaBuf buf, AccessFlags access, Iova iova = Iova{0},
+               SourceLocation where = SourceLocation::current());
+
   /// Registers any contiguous range of trivially copyable, non-const elements: an lvalue, or a
   /// borrowed range (e.g. a std::span<T>). A temporary container does not compile: it would be
   /// freed at the end of the statement while the device keeps its address.
@@ -207,13 +234,25 @@ class MemoryRegion {
   [[nodiscard]] static MemoryRegion allocate(const ProtectionDomain& pd, std::size_t size, AccessFlags access = {},
                                              SourceLocation where = SourceLocation::current());
 
+  /// An implicit on-demand region (ibv_reg_mr(3) of the whole address space with
+  /// IBV_ACCESS_ON_DEMAND): one key for all of the process's memory, whose pages the device
+  /// faults in as it touches them. Slices are made from the memory itself (slice(span)), and
+  /// remote() opens the whole address space to the peer with the rights of `access`
+  /// (Access::on_demand is implied). data() is null, bytes() empty, size() SIZE_MAX. Refused
+  /// before registering with EOPNOTSUPP where the device has no implicit ODP
+  /// (Device::has_implicit_odp(); rxe has none); the checks of `access` as above. Throws Error
+  /// from ibv_reg_mr.
+  [[nodiscard]] static MemoryRegion implicit_on_demand(const ProtectionDomain& pd, AccessFlags access = {},
+                                                       SourceLocation where = SourceLocation::current());
+
   /// Move-only: the moved-from region is empty.
   MemoryRegion(MemoryRegion&& o) noexcept
-      : buffer_(std::move(o.buffer_)),
-        mr_(std::exchange(o.mr_, empty_handle_())),
+      : mr_(std::exchange(o.mr_, empty_handle_())),
+        data_(std::exchange(o.data_, nullptr)),
         iova_(std::exchange(o.iova_, 0)),
-        access_(std::exchange(o.access_, {})) {}
-  /// Deregisters the old region before its owned buffer is freed.
+        access_(std::exchange(o.access_, {})),
+        kind_(std::exchange(o.kind_, Kind::memory)) {}
+  /// Lets go of the old registration (and the buffer it owned, once nothing else holds it).
   MemoryRegion& operator=(MemoryRegion&& o) noexcept {
     MemoryRegion(std::move(o)).swap(*this);
     return *this;
@@ -223,20 +262,25 @@ class MemoryRegion {
   ~MemoryRegion() = default;
   /// Exchanges two MemoryRegions.
   void swap(MemoryRegion& o) noexcept {
-    buffer_.swap(o.buffer_);
     mr_.swap(o.mr_);
+    std::swap(data_, o.data_);
     std::swap(iova_, o.iova_);
     std::swap(access_, o.access_);
+    std::swap(kind_, o.kind_);
   }
 
   // A moved-from region is empty: no memory, size 0, keys 0, and slice() of anything but
   // nothing throws Error(Errc::empty_object).
 
-  /// The registered memory (empty for a moved-from region).
-  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
-  /// Start of the registered memory (null for a moved-from region).
-  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
-  /// Bytes registered (0 for a moved-from region).
+  /// The registered memory (empty for a moved-from region, a dma-buf and an implicit on-demand
+  /// region).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept {
+    return {data_, kind_ == Kind::memory ? size() : 0};
+  }
+  /// Start of the registered memory (null for a moved-from region, a dma-buf and an implicit
+  /// on-demand region).
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// Bytes registered (0 for a moved-from region, SIZE_MAX for an implicit on-demand region).
   [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
   /// Local key, for local slices.
   [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
@@ -260,6 +304,11 @@ class MemoryRegion {
       detail::throw_slice_error(Errc::length_overflow, offset, len, size(), where);
     return {iova_ + offset, static_cast<std::uint32_t>(len), lkey()};
   }
+  /// The local slice of `memory`, which must lie within the region's (any memory of the process
+  /// for an implicit on-demand region). Throws Error(Errc::local_out_of_bounds) when it does
+  /// not, Error(Errc::length_overflow) when it has 2^32 bytes or more, and Error(Errc::bad_argument)
+  /// for a dma-buf region, whose memory is not the process's.
+  [[nodiscard]] LocalSlice slice(std::span<const std::byte> memory, SourceLocation where = SourceLocation::current()) const;
   /// The whole region as one local slice.
   [[nodiscard]] LocalSlice slice(SourceLocation where = SourceLocation::current()) const {
     return slice(0, size(), where);
@@ -282,6 +331,20 @@ class MemoryRegion {
   /// lkey), and Error with the provider's errno.
   void advise(std::span<const LocalSlice> slices, bool wait = true, SourceLocation where = SourceLocation::current()) const;
 
+  /// Changes the registration in place (ibv_rereg_mr(3)): its protection domain, its memory, its
+  /// rights, or several at once. The keys may change (lkey() and rkey() give the new ones), so
+  /// slices and remote() made before, and what the peer was given, are stale; no work request
+  /// may use the region meanwhile. New memory is addressed from its virtual address (also for
+  /// a region registered at an Iova), and a buffer the region owned (allocate()) is freed.
+  /// Refused before the call, the region unchanged: nothing to change, a moved-from region, a
+  /// dma-buf or implicit on-demand region, a moved-from or other device's protection domain,
+  /// empty memory, and the checks of `access` as at registration (Errc::bad_argument,
+  /// Errc::empty_object, EOPNOTSUPP). Throws Error with the provider's errno: with EOPNOTSUPP
+  /// (the device cannot change this, as rxe cannot change anything) the region is unchanged;
+  /// after any other failure of the command the device leaves the registration undefined
+  /// (IBV_REREG_MR_ERR_CMD), so the region is left empty and its registration released.
+  void rereg(const Rereg& change, SourceLocation where = SourceLocation::current());
+
   /// The C handle; null for a moved-from region.
   [[nodiscard]] ibv_mr* native_handle() const noexcept { return *this ? mr_.get() : nullptr; }
   /// The C handle with shared ownership (null for a moved-from region): holding it keeps the
@@ -289,6 +352,11 @@ class MemoryRegion {
   [[nodiscard]] std::shared_ptr<ibv_mr> shared_handle() const noexcept { return *this ? mr_ : nullptr; }
 
  private:
+  // What the registration's bytes are: the process's memory (also at an IOVA), the whole address
+  // space (implicit on-demand), or a dma-buf.
+  enum class Kind : std::uint8_t { memory, implicit, dmabuf };
+  struct Deleter;
+  MemoryRegion() noexcept = default;  // empty, for implicit_on_demand to fill
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
   // Both public constructors: iova empty registers at the memory's own address (ibv_reg_mr).
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,
@@ -296,10 +364,13 @@ class MemoryRegion {
   // Owns nothing: aliases the static empty region without a control block.
   static std::shared_ptr<ibv_mr> empty_handle_() noexcept { return {std::shared_ptr<void>(), detail::empty_mr()}; }
 
-  Buffer buffer_;                // owned memory, if any; declared first so it outlives mr_
-  std::shared_ptr<ibv_mr> mr_ = empty_handle_();  // deleter holds the protection domain
+  // The registration; its deleter (Deleter) holds the protection domain and the memory the region
+  // owns (allocate()), so both live as long as the registration, which a memory window shares.
+  std::shared_ptr<ibv_mr> mr_ = empty_handle_();
+  std::byte* data_ = nullptr;    // the process's memory, if the registration is of it
   std::uint64_t iova_ = 0;       // the first byte's address in work requests (ibv_mr has no field for it)
   AccessFlags access_;
+  Kind kind_ = Kind::memory;
 };
 
 /// Exchanges two MemoryRegions.

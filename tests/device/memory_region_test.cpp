@@ -1,4 +1,7 @@
 // MemoryRegion: registration of spans, ranges and owned buffers, keys, slices and access checks.
+#include <fcntl.h>
+#include <linux/udmabuf.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +13,8 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -403,6 +408,298 @@ TEST_F(MemoryRegion, AdviseIsRefusedForAnotherRegionsSlices) {
   const auto other = thrown_error([&] { odp.advise(std::array{pinned.slice(0, 64)}); });
   ASSERT_TRUE(other);
   EXPECT_EQ(other->code(), Errc::bad_argument) << other->what();
+}
+
+// slice(span): the slice of memory given by itself, at its offset within the region (from the
+// IOVA for a region registered at one); memory outside the region is refused.
+TEST_F(MemoryRegion, ASliceOfMemoryIsTheSliceAtItsOffset) {
+  std::vector<std::byte> memory(8192);
+  const verbs::MemoryRegion mr(*pd, std::span(memory), Access::local_write);
+  const verbs::LocalSlice s = mr.slice(std::span(memory).subspan(100, 50));
+  EXPECT_EQ(s.addr(), address(memory.data() + 100));
+  EXPECT_EQ(s.length(), 50u);
+  EXPECT_EQ(s.lkey(), mr.lkey());
+  EXPECT_EQ(mr.slice(std::span(memory)).length(), 8192u);
+  verbs::Buffer at_iova(4096);
+  const verbs::MemoryRegion iova(*pd, at_iova.span(), Access::local_write, verbs::Iova{1u << 20});
+  EXPECT_EQ(iova.slice(at_iova.span().subspan(16, 8)).addr(), (1u << 20) + 16);
+  std::vector<std::byte> other(64);
+  for (const auto outside : {std::span<const std::byte>(other), std::span<const std::byte>(memory.data() + 8000, 400),
+                             std::span<const std::byte>(memory.data() - 8, 16)}) {
+    const auto e = thrown_error([&] { (void)mr.slice(outside); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), Errc::local_out_of_bounds) << e->what();
+  }
+  verbs::MemoryRegion moved(*pd, std::span(other), Access::local_write);
+  verbs::MemoryRegion taken(std::move(moved));
+  const auto e = thrown_error([&] { (void)moved.slice(std::span(other)); });  // NOLINT(bugprone-use-after-move)
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::empty_object) << e->what();
+}
+
+// Implicit on-demand paging (rdma-core tests/test_odp.py, test_odp_implicit_rc_traffic): one
+// region for the whole address space takes the peer's writes into memory never registered on its
+// own. Runs where the device has implicit ODP.
+TEST_F(MemoryRegion, AnImplicitOnDemandRegionTakesWritesAnywhereInTheProcess) {
+  if (!dev->has_implicit_odp())
+    GTEST_SKIP() << dev->name() << " has no implicit on-demand paging (odp_caps.general_caps lacks IBV_ODP_SUPPORT_IMPLICIT)";
+  if ((dev->attributes().odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE) == 0)
+    GTEST_SKIP() << dev->name() << " takes no RC writes into on-demand pages (rc_odp_caps lacks IBV_ODP_SUPPORT_WRITE)";
+  const auto all = verbs::MemoryRegion::implicit_on_demand(*pd, Access::local_write | Access::remote_write);
+  EXPECT_TRUE(all.access() & Access::on_demand);
+  EXPECT_EQ(all.data(), nullptr);
+  EXPECT_TRUE(all.bytes().empty());
+  EXPECT_EQ(all.size(), std::numeric_limits<std::size_t>::max());
+  auto src = verbs::MemoryRegion::allocate(*pd, 8192);
+  fill_pattern(src.bytes(), 6);
+  std::vector<std::byte> one(4096), two(8192);
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 4096), all.remote().slice(address(one.data()), 4096), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 8192), all.remote().slice(address(two.data()), 8192), {.wr_id = 2})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 2));
+  EXPECT_TRUE(same_bytes(one, src.bytes().first(4096)));
+  EXPECT_TRUE(same_bytes(two, src.bytes()));
+  // And locally: a slice of any memory is the source of a write.
+  std::vector<std::byte> local = pattern(256, 9);
+  ASSERT_TRUE(posted(p.a.post_write(all.slice(std::span(local)), src.remote().slice(0, 256), {.wr_id = 3})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 3));
+  EXPECT_TRUE(same_bytes(src.bytes().first(256), local));
+}
+
+TEST_F(MemoryRegion, ImplicitOnDemandWhereTheDeviceHasNoneIsRefusedSayingSo) {
+  if (dev->has_implicit_odp()) GTEST_SKIP() << dev->name() << " has implicit on-demand paging";
+  const auto e = thrown_error([&] { (void)verbs::MemoryRegion::implicit_on_demand(*pd, Access::local_write); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::operation_not_supported)) << e->what();
+  EXPECT_TRUE(contains(e->what(), dev->has_odp() ? "IBV_ODP_SUPPORT_IMPLICIT" : "IBV_ODP_SUPPORT")) << e->what();
+}
+
+/// A dma-buf from udmabuf (memory of a memfd, exported as a dma-buf), where the kernel has it.
+class UDmaBuf {
+ public:
+  explicit UDmaBuf(std::size_t size) : size_(size) {
+    const int dev = ::open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+    if (dev < 0) {
+      why_ = std::string("no dma-buf exporter here: /dev/udmabuf: ") + std::strerror(errno);
+      return;
+    }
+    memfd_ = ::memfd_create("verbs-dmabuf", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+    if (memfd_ >= 0 && ::ftruncate(memfd_, static_cast<off_t>(size)) == 0 && ::fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
+      udmabuf_create create{};
+      create.memfd = static_cast<std::uint32_t>(memfd_);
+      create.flags = UDMABUF_FLAGS_CLOEXEC;
+      create.size = size;
+      fd_ = ::ioctl(dev, UDMABUF_CREATE, &create);
+    }
+    if (fd_ < 0) why_ = std::string("udmabuf: ") + std::strerror(errno);
+    ::close(dev);
+    void* p = fd_ < 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+    if (p != MAP_FAILED) bytes_ = {static_cast<std::byte*>(p), size};
+  }
+  ~UDmaBuf() {
+    if (!bytes_.empty()) ::munmap(bytes_.data(), size_);
+    if (fd_ >= 0) ::close(fd_);
+    if (memfd_ >= 0) ::close(memfd_);
+  }
+  UDmaBuf(const UDmaBuf&) = delete;
+  UDmaBuf& operator=(const UDmaBuf&) = delete;
+  [[nodiscard]] int fd() const { return fd_; }
+  [[nodiscard]] const std::string& why() const { return why_; }
+  [[nodiscard]] std::span<std::byte> bytes() const { return bytes_; }  // the same memory, mapped here
+
+ private:
+  std::size_t size_;
+  int memfd_ = -1, fd_ = -1;
+  std::span<std::byte> bytes_;
+  std::string why_;
+};
+
+// dma-buf registration (rdma-core tests/test_mr.py, DmaBufMRTest): the peer's writes land in the
+// dma-buf, and a write from it carries its bytes. Runs where the kernel exports udmabuf and the
+// device takes dma-bufs.
+TEST_F(MemoryRegion, ADmaBufRegionTakesWritesAndIsTheirSource) {
+  UDmaBuf buf(64 * 1024);
+  if (buf.fd() < 0 || buf.bytes().empty()) GTEST_SKIP() << buf.why();
+  std::optional<verbs::MemoryRegion> mr;
+  try {
+    mr.emplace(*pd, verbs::DmaBuf{.fd = buf.fd(), .offset = 4096, .length = 32 * 1024},
+               Access::local_write | Access::remote_write);
+  } catch (const verbs::Error& e) {
+    if (e.code() == std::errc::operation_not_supported) GTEST_SKIP() << dev->name() << " takes no dma-buf: " << e.what();
+    throw;
+  }
+  EXPECT_EQ(mr->data(), nullptr);
+  EXPECT_TRUE(mr->bytes().empty());
+  EXPECT_EQ(mr->size(), 32u * 1024);
+  EXPECT_EQ(mr->remote(), (verbs::RemoteSlice{0, 32 * 1024, mr->rkey()}));
+  auto src = verbs::MemoryRegion::allocate(*pd, 32 * 1024, all_access);
+  fill_pattern(src.bytes(), 4);
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 16 * 1024), mr->remote().slice(1024, 16 * 1024), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(buf.bytes().subspan(4096 + 1024, 16 * 1024), src.bytes().first(16 * 1024)));
+  ASSERT_TRUE(posted(p.a.post_write(mr->slice(1024, 4096), src.remote().slice(16 * 1024, 4096), {.wr_id = 2})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 2));
+  EXPECT_TRUE(same_bytes(src.bytes().subspan(16 * 1024, 4096), src.bytes().first(4096)));
+  // It has no memory here to slice by address.
+  const auto e = thrown_error([&] { (void)mr->slice(std::span(buf.bytes())); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::bad_argument) << e->what();
+}
+
+// What is wrong with a dma-buf registration is said before the call; what the device refuses
+// names ibv_reg_dmabuf_mr (rxe: EOPNOTSUPP; elsewhere a memfd is no dma-buf).
+TEST_F(MemoryRegion, ADmaBufRegistrationIsCheckedAndItsRefusalNamed) {
+  for (const verbs::DmaBuf bad : {verbs::DmaBuf{.fd = -1, .length = 4096}, verbs::DmaBuf{.fd = 0, .length = 0}}) {
+    const auto e = thrown_error([&] { verbs::MemoryRegion mr(*pd, bad, Access::local_write); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), Errc::bad_argument) << e->what();
+  }
+  const auto wrap = thrown_error([&] {
+    verbs::MemoryRegion mr(*pd, verbs::DmaBuf{.fd = 0, .length = 4096}, Access::local_write,
+                           verbs::Iova{std::numeric_limits<std::uint64_t>::max() - 10});
+  });
+  ASSERT_TRUE(wrap);
+  EXPECT_TRUE(contains(wrap->what(), "wraps around")) << wrap->what();
+  const int memfd = ::memfd_create("verbs-not-a-dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(::ftruncate(memfd, 4096), 0);
+  const auto e = thrown_error([&] { verbs::MemoryRegion mr(*pd, verbs::DmaBuf{.fd = memfd, .length = 4096}, Access::local_write); });
+  ::close(memfd);
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(contains(e->what(), "ibv_reg_dmabuf_mr")) << e->what();
+}
+
+/// Runs `change` on `mr`; true when the device refused it with EOPNOTSUPP (the test then checks
+/// the region is as it was, and skips), false when it was done.
+bool rereg_refused(verbs::MemoryRegion& mr, const verbs::Rereg& change, std::string& why) {
+  try {
+    mr.rereg(change);
+    return false;
+  } catch (const verbs::Error& e) {
+    if (e.code() != std::errc::operation_not_supported) throw;
+    why = e.what();
+    return true;
+  }
+}
+
+// ibv_rereg_mr (rdma-core tests/test_mr.py, test_mr_rereg_*): new rights open what they grant.
+// Runs where the device re-registers (rxe of Linux 6.1 refuses any ibv_rereg_mr: EOPNOTSUPP).
+TEST_F(MemoryRegion, ReregOfTheRightsOpensWhatTheyGrant) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 8192, Access::local_write);
+  auto src = verbs::MemoryRegion::allocate(*pd, 8192);
+  fill_pattern(src.bytes(), 2);
+  std::string why;
+  if (rereg_refused(target, {.access = Access::local_write | Access::remote_write}, why))
+    GTEST_SKIP() << dev->name() << " does not re-register: " << why;
+  EXPECT_EQ(target.access(), Access::local_write | Access::remote_write);
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 8192), target.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(target.bytes(), src.bytes()));
+}
+
+// New memory: the peer's writes land there, from its virtual address, and the buffer the region
+// allocated is let go.
+TEST_F(MemoryRegion, ReregOfTheMemoryMovesTheRegionToIt) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 8192, Access::local_write | Access::remote_write);
+  std::vector<std::byte> moved_to(16384);
+  auto src = verbs::MemoryRegion::allocate(*pd, 16384);
+  fill_pattern(src.bytes(), 3);
+  std::string why;
+  if (rereg_refused(target, {.memory = std::span(moved_to)}, why)) GTEST_SKIP() << dev->name() << " does not re-register: " << why;
+  EXPECT_EQ(target.data(), moved_to.data());
+  EXPECT_EQ(target.size(), moved_to.size());
+  EXPECT_EQ(target.iova(), address(moved_to.data()));
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 16384), target.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(moved_to, src.bytes()));
+}
+
+// Another protection domain: the region works with QPs of the new one, and keeps it alive.
+TEST_F(MemoryRegion, ReregOfThePdMovesTheRegionToIt) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write);
+  std::optional<verbs::ProtectionDomain> other(std::in_place, *dev);
+  std::string why;
+  if (rereg_refused(target, {.pd = &*other}, why)) GTEST_SKIP() << dev->name() << " does not re-register: " << why;
+  EXPECT_EQ(target.native_handle()->pd, other->native_handle());
+  QpPair p(*dev, *other, {.access = Access::remote_write});
+  auto src = verbs::MemoryRegion::allocate(*other, 4096);
+  fill_pattern(src.bytes(), 5);
+  other.reset();  // the region holds it now
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 4096), target.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(target.bytes(), src.bytes()));
+}
+
+// A change the device refuses (EOPNOTSUPP) loses nothing: the keys, rights and memory are as they
+// were, and the region still takes the peer's writes. Runs where some change is refused (rxe
+// refuses all).
+TEST_F(MemoryRegion, AReregTheDeviceRefusesLeavesTheRegionAsItWas) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write);
+  const std::uint32_t lkey = target.lkey(), rkey = target.rkey();
+  std::byte* const data = target.data();
+  std::vector<std::byte> elsewhere(4096);
+  verbs::ProtectionDomain other(*dev);
+  std::string why;
+  bool any = false;
+  for (const verbs::Rereg& change : {verbs::Rereg{.access = Access::local_write | Access::remote_read},
+                                     verbs::Rereg{.memory = std::span(elsewhere)}, verbs::Rereg{.pd = &other}}) {
+    verbs::MemoryRegion probe = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write);
+    if (!rereg_refused(probe, change, why)) continue;
+    any = true;
+    ASSERT_TRUE(rereg_refused(target, change, why)) << "refused on one region, done on another";
+  }
+  if (!any) GTEST_SKIP() << dev->name() << " re-registers every change";
+  EXPECT_EQ(target.lkey(), lkey);
+  EXPECT_EQ(target.rkey(), rkey);
+  EXPECT_EQ(target.data(), data);
+  EXPECT_EQ(target.access(), Access::local_write | Access::remote_write);
+  EXPECT_EQ(target.native_handle()->pd, pd->native_handle());
+  auto src = verbs::MemoryRegion::allocate(*pd, 4096);
+  fill_pattern(src.bytes(), 7);
+  QpPair p(*dev, *pd, {.access = Access::remote_write});
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(0, 4096), target.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(target.bytes(), src.bytes()));
+}
+
+// What rereg can check is checked before the call, and the region is left as it was.
+TEST_F(MemoryRegion, AReregIsCheckedBeforeTheCall) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write);
+  const std::uint32_t lkey = target.lkey();
+  std::string why;
+  auto other_dev = open_test_device(why);
+  ASSERT_TRUE(other_dev) << why;
+  const verbs::ProtectionDomain foreign(*other_dev);
+  verbs::ProtectionDomain gone(*dev);
+  verbs::ProtectionDomain taken(std::move(gone));
+  const struct {
+    verbs::Rereg change;
+    Errc code;
+    const char* says;
+  } cases[] = {
+      {{}, Errc::bad_argument, "nothing to change"},
+      {{.access = Access::remote_write}, Errc::bad_argument, "require local_write"},
+      {{.access = Access::local_write | Access::zero_based}, Errc::bad_argument, "zero_based"},
+      {{.memory = std::span<std::byte>()}, Errc::bad_argument, "0 bytes"},
+      {{.pd = &foreign}, Errc::bad_argument, "another device context"},
+      {{.pd = &gone}, Errc::empty_object, "ProtectionDomain"},  // NOLINT(bugprone-use-after-move)
+  };
+  for (const auto& c : cases) {
+    const auto e = thrown_error([&] { target.rereg(c.change); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), c.code) << e->what();
+    EXPECT_TRUE(contains(e->what(), c.says)) << e->what();
+    EXPECT_EQ(target.lkey(), lkey);
+    EXPECT_EQ(target.access(), Access::local_write);
+  }
+  verbs::MemoryRegion moved(std::move(target));
+  const auto e = thrown_error([&] { target.rereg({.access = Access::local_write}); });  // NOLINT(bugprone-use-after-move)
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::empty_object) << e->what();
 }
 
 }  // namespace

@@ -333,3 +333,20 @@ TEST_F(Window, TearingDownTheQpAndTheRegionBeforeTheBoundWindowDoesNotStall) {
 }
 
 }  // namespace
+
+// A window bound to a region keeps the registration, and so the peer's access, after the region
+// is destroyed: the memory the region owned (allocate()) must live as long, or the peer writes
+// into freed heap. (Before the fix the buffer was freed with the region: ASan reported a
+// heap-use-after-free reading it below.)
+TEST_F(Window, ARegionsOwnMemoryLivesWhileAWindowBoundToItDoes) {
+  need_type2();
+  QpPair p(*dev, *pd, {.access = all_access});
+  MemoryWindow w(*pd, MwType::type2);
+  bind(w, p.b, p.cq_b, 0, 4096);
+  const std::span<std::byte> memory = target->bytes().first(4096);
+  target.reset();
+  fill_pattern(src->bytes().first(4096), 8);
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 4096), w.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  EXPECT_TRUE(same_bytes(memory, src->bytes().first(4096)));
+}
