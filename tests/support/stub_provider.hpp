@@ -71,6 +71,7 @@ struct Provider {
   int ready_on_arm = 0;                 // a completion "landing while arming": ready becomes this
   std::uint32_t vendor_id = 0;          // what ibv_query_device_ex reports (0xffffff: rxe)
   std::uint64_t device_cap_flags_ex = 0;
+  std::uint32_t odp_general_caps = 0;   // what ibv_query_device_ex reports in odp_caps.general_caps
 
   // The extended QP (QpOptions::extended): what its ibv_wr_* functions saw.
   int wr_starts = 0, wr_completes = 0, wr_aborts = 0;
@@ -296,6 +297,7 @@ struct Provider {
     attr->orig_attr.phys_port_cnt = 1;
     attr->orig_attr.vendor_id = of(ctx).vendor_id;
     attr->device_cap_flags_ex = of(ctx).device_cap_flags_ex;
+    attr->odp_caps.general_caps = of(ctx).odp_general_caps;
     return 0;
   }
   static int query_port(ibv_context*, std::uint8_t, ibv_port_attr* attr, std::size_t) {
