@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -149,16 +150,20 @@ MemoryRegion MemoryRegion::implicit_on_demand(const ProtectionDomain& pd, Access
   return r;
 }
 
-LocalSlice MemoryRegion::slice(std::span<const std::byte> memory, SourceLocation where) const {
+void MemoryRegion::throw_memory_slice_error_(std::span<const std::byte> memory, SourceLocation where) const {
   if (kind_ == Kind::dmabuf)
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "MemoryRegion::slice: a dma-buf region has no memory in this process: slice it by offset",
                         where);
-  const auto addr = reinterpret_cast<std::uintptr_t>(memory.data());  // NOLINT
-  const auto base = reinterpret_cast<std::uintptr_t>(data_);          // NOLINT
-  // Outside the region (or wrapping around): an offset that slice() reports as out of bounds.
-  const std::size_t offset = addr >= base ? addr - base : std::numeric_limits<std::size_t>::max();
-  return slice(offset, memory.size(), where);
+  const auto hex = [](const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return std::string(buf);
+  };
+  detail::throw_error(make_error_code(*this ? Errc::local_out_of_bounds : Errc::empty_object),
+                      "MemoryRegion::slice: memory [" + hex(memory.data()) + ", +" + std::to_string(memory.size()) +
+                          ") is not within the region [" + hex(data_) + ", +" + std::to_string(size()) + ")",
+                      where);
 }
 
 MemoryRegion::MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where)
@@ -223,24 +228,46 @@ void MemoryRegion::rereg(const Rereg& change, SourceLocation where) {
     access = static_cast<int>(change.access->value());
     flags |= IBV_REREG_MR_CHANGE_ACCESS;
   }
+  if (mr_.use_count() > 1)
+    detail::throw_errno(EBUSY,
+                        "MemoryRegion::rereg: something else holds the registration (a memory window bound to the "
+                        "region, or a shared_handle()): it would go on using the old range through the new one",
+                        where);
+  std::string what = "ibv_rereg_mr (";
+  for (const auto& [flag, name] : {std::pair{IBV_REREG_MR_CHANGE_PD, "PD"}, std::pair{IBV_REREG_MR_CHANGE_TRANSLATION, "memory"},
+                                   std::pair{IBV_REREG_MR_CHANGE_ACCESS, "rights"}})
+    if ((flags & flag) != 0) what += std::string(what.back() == '(' ? "" : ", ") + name;
+  what += ")";
   errno = 0;
   const int rc = ibv_rereg_mr(mr_.get(), flags, pd, addr, length, access);
   const int err = errno != 0 ? errno : EIO;
-  if (rc == IBV_REREG_MR_ERR_INPUT || rc == IBV_REREG_MR_ERR_DONT_FORK_NEW)  // the registration is as it was
-    detail::throw_errno(err, "ibv_rereg_mr", where);
+  if (rc == IBV_REREG_MR_ERR_INPUT)  // the registration is as it was
+    detail::throw_errno(err, what + ": refused by libibverbs; the region is unchanged", where);
+  if (rc == IBV_REREG_MR_ERR_DONT_FORK_NEW)
+    detail::throw_errno(err, what + ": the new memory's fork protection (madvise) failed; the region is unchanged", where);
   if (rc == IBV_REREG_MR_ERR_CMD || rc == IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW) {
     // The kernel refused the command. EOPNOTSUPP comes before anything is changed (no such
     // operation, or not this change); after any other failure ibv_rereg_mr(3) says the MR
-    // "shouldn't be used", so this region lets go of it.
-    if (err != EOPNOTSUPP) MemoryRegion().swap(*this);
-    detail::throw_errno(err, "ibv_rereg_mr", where);
+    // "shouldn't be used", so this region lets go of it. With CMD_AND_DO_FORK_NEW errno is the
+    // fork-protection call's, not the command's: the region is let go of then too.
+    if (rc == IBV_REREG_MR_ERR_CMD && err == EOPNOTSUPP)
+      detail::throw_errno(err, what + ": the device cannot make this change; the region is unchanged", where);
+    MemoryRegion().swap(*this);
+    detail::throw_errno(err,
+                        what + (rc == IBV_REREG_MR_ERR_CMD ? ": the command failed"
+                                                           : ": the command failed, and so did undoing the new "
+                                                             "memory's fork protection") +
+                            "; the registration is undefined (ibv_rereg_mr(3)), so the region let go of it and is "
+                            "empty",
+                        where);
   }
   // Done (IBV_REREG_MR_ERR_DO_FORK_OLD too: only the old pages' fork protection stayed on).
+  // A buffer the region allocated stays with the registration (Deleter): the new memory may be
+  // part of it.
   if (change.pd != nullptr) std::get_deleter<Deleter>(mr_)->pd = change.pd->shared_handle();
   if (change.memory) {
     data_ = change.memory->data();
     iova_ = reinterpret_cast<std::uint64_t>(data_);  // NOLINT
-    Buffer().swap(std::get_deleter<Deleter>(mr_)->buffer);  // registered no longer
   }
   if (change.access) access_ = *change.access;
 }

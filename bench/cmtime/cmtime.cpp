@@ -29,7 +29,7 @@
 // For each: "total ms" from the first connection's start of the step to the last one's end,
 // "max ms" and "min us" of one connection, and "us / conn", their sum over N.
 #include <malloc.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <dirent.h>
 #include <exception>
@@ -74,6 +75,36 @@ struct Args {
                why);
   std::exit(64);
 }
+
+// An epoll set whose events carry a key (an index) each.
+class Epoll {
+ public:
+  Epoll() : fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+    if (fd_ < 0) throw std::runtime_error(std::string("epoll_create1: ") + std::strerror(errno));
+  }
+  ~Epoll() { ::close(fd_); }
+  Epoll(const Epoll&) = delete;
+  Epoll& operator=(const Epoll&) = delete;
+  void add(int fd, std::size_t key) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = key;
+    if (::epoll_ctl(fd_, EPOLL_CTL_ADD, fd, &e) != 0)
+      throw std::runtime_error(std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  void remove(int fd) { ::epoll_ctl(fd_, EPOLL_CTL_DEL, fd, nullptr); }
+  /// The keys of what is readable, after waiting up to `timeout` for one.
+  std::vector<std::size_t> wait(std::chrono::milliseconds timeout) {
+    std::array<epoll_event, 256> got{};
+    const int n = ::epoll_wait(fd_, got.data(), static_cast<int>(got.size()), static_cast<int>(timeout.count()));
+    std::vector<std::size_t> keys;
+    for (int i = 0; i < n; ++i) keys.push_back(got[static_cast<std::size_t>(i)].data.u64);
+    return keys;
+  }
+
+ private:
+  int fd_;
+};
 
 template <typename T>
 T number(std::string_view s, const char* what, T lo, T hi) {
@@ -195,26 +226,24 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
     steps[kResolveAddr].start[i] = steps[kFull].start[i] = Clock::now();
     pending[i].emplace(verbs::cm::start_connect(a.server, a.port, opts));
   }
+  // One epoll set: each wake touches only the connections that have news (poll() over every fd,
+  // or a step() of each, would cost O(N) per event).
+  Epoll ep;
+  for (std::size_t i = 0; i < n; ++i) ep.add(pending[i]->fd(), i);
   std::size_t left = n;
-  std::vector<pollfd> fds;
-  std::vector<std::size_t> which;
+  auto next_deadline_check = Clock::now();
+  std::vector<std::size_t> ready;
   while (left > 0) {
-    if (Clock::now() > limit) throw std::runtime_error("connections not established within --timeout");
-    fds.clear();
-    which.clear();
-    auto wake = limit;
-    for (std::size_t i = 0; i < n; ++i)
-      if (pending[i]) {
-        fds.push_back({pending[i]->fd(), POLLIN, 0});
-        which.push_back(i);
-        wake = std::min(wake, pending[i]->deadline());
-      }
-    const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
-    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms + 1, 0, 1000)));
     const auto now = Clock::now();
-    for (std::size_t k = 0; k < fds.size(); ++k) {
-      const std::size_t i = which[k];
-      if ((fds[k].revents & POLLIN) == 0 && now < pending[i]->deadline()) continue;
+    if (now > limit) throw std::runtime_error("connections not established within --timeout");
+    ready = ep.wait(100ms);
+    if (now >= next_deadline_check) {  // a phase's own limit: step() it then, readable or not
+      for (std::size_t i = 0; i < n; ++i)
+        if (pending[i] && pending[i]->deadline() <= now) ready.push_back(i);
+      next_deadline_check = now + 100ms;
+    }
+    for (const std::size_t i : ready) {
+      if (!pending[i]) continue;
       std::optional<verbs::cm::Connection> c = pending[i]->step();
       const auto t = Clock::now();
       const verbs::cm::Phase p = pending[i]->phase();
@@ -228,6 +257,7 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
       if (p == verbs::cm::Phase::connect || c) passed(kRouteQpReq);
       if (c) {
         steps[kConnect].end[i] = steps[kFull].end[i] = t;
+        ep.remove(pending[i]->fd());
         done[i] = std::move(c);
         pending[i].reset();
         --left;
@@ -296,29 +326,40 @@ int server(const Args& a) {
   const auto opts = shared_options(pd, cq);
   std::printf("verbs-cmtime: listening on %s port %u for %d connections, twice\n", a.bind.c_str(), a.port, a.conns);
   std::fflush(stdout);
-  std::vector<verbs::cm::PendingAccept> pending;
-  pending.reserve(static_cast<std::size_t>(a.conns));
+  // Pending handshakes by a key of their own; one epoll set for them and the listener (key 0).
+  std::vector<std::optional<verbs::cm::PendingAccept>> pending(1);
   std::vector<verbs::cm::Connection> conns;
   conns.reserve(static_cast<std::size_t>(a.conns));
-  std::vector<pollfd> fds;
-  fds.reserve(static_cast<std::size_t>(a.conns) + 1);
+  Epoll ep;
+  ep.add(listener.fd(), 0);
   // The client's two rounds: the timed one, then the one whose memory and descriptors count.
   const auto round = [&] {
+    auto next_deadline_check = Clock::now();
     while (static_cast<int>(conns.size()) < a.conns) {
-      if (Clock::now() > limit) throw std::runtime_error("connections not accepted within --timeout");
-      fds.assign(1, {listener.fd(), POLLIN, 0});
-      for (const auto& p : pending) fds.push_back({p.fd(), POLLIN, 0});
-      ::poll(fds.data(), fds.size(), 100);
-      while (auto p = listener.start_accept(opts)) pending.push_back(std::move(*p));
-      for (std::size_t i = 0; i < pending.size();) {
-        if (auto c = pending[i].step()) {
-          conns.push_back(std::move(*c));
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
+      const auto now = Clock::now();
+      if (now > limit) throw std::runtime_error("connections not accepted within --timeout");
+      std::vector<std::size_t> ready = ep.wait(100ms);
+      if (now >= next_deadline_check) {
+        for (std::size_t k = 1; k < pending.size(); ++k)
+          if (pending[k] && pending[k]->deadline() <= now) ready.push_back(k);
+        next_deadline_check = now + 100ms;
+      }
+      for (const std::size_t k : ready) {
+        if (k == 0) {
+          while (auto p = listener.start_accept(opts)) {
+            ep.add(p->fd(), pending.size());
+            pending.emplace_back(std::move(*p));
+          }
+        } else if (pending[k]) {
+          if (auto c = pending[k]->step()) {
+            ep.remove(pending[k]->fd());
+            conns.push_back(std::move(*c));
+            pending[k].reset();
+          }
         }
       }
     }
+    pending.resize(1);
   };
   const auto disconnected = [&] {
     for (verbs::cm::Connection& c : conns)

@@ -63,9 +63,10 @@ class LocalSlice {
   /// Local key of the region.
   [[nodiscard]] constexpr std::uint32_t lkey() const noexcept { return sge_.lkey; }
   /// The memory, as a pointer: addr() taken as a virtual address. Not for a slice of a region
-  /// registered at an IOVA, whose addr() is no address of this process (MemoryRegion::bytes()).
+  /// registered at an IOVA or of a dma-buf, whose addr() is no address of this process
+  /// (MemoryRegion::bytes()).
   [[nodiscard]] std::byte* data() const noexcept { return reinterpret_cast<std::byte*>(sge_.addr); }  // NOLINT
-  /// The memory, as bytes (as data(): not for a slice of a region registered at an IOVA).
+  /// The memory, as bytes (as data(): not for a slice of a region at an IOVA or of a dma-buf).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), sge_.length}; }
   /// The C scatter/gather entry.
   [[nodiscard]] const ibv_sge& native() const noexcept { return sge_; }
@@ -210,7 +211,9 @@ class MemoryRegion {
 
   /// Registers a dma-buf (ibv_reg_dmabuf_mr(3)), e.g. GPU memory, addressed from `iova` by
   /// slice() and remote(). The region has no memory in this process: data() is null, bytes()
-  /// empty, and only slice(offset, len) makes slices. The same checks of `access` as above;
+  /// empty, and only slice(offset, len) makes slices; as for a region at an Iova, a slice's
+  /// addr() is no address here, so its bytes() are not the memory and an inline send or write
+  /// (the provider copies from addr() as a pointer) cannot take it. The same checks of `access` as above;
   /// a negative fd and a zero length are refused before registering (Errc::bad_argument). Throws
   /// Error from ibv_reg_dmabuf_mr: EOPNOTSUPP where the device takes no dma-buf (rxe), EINVAL,
   /// EBADF, ENOMEM.
@@ -288,7 +291,7 @@ class MemoryRegion {
   [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
   /// False for a moved-from (empty) region.
   [[nodiscard]] explicit operator bool() const noexcept { return mr_.get() != detail::empty_mr(); }
-  /// The rights the region was registered with.
+  /// The region's rights: those it was registered with, or given by rereg() since.
   [[nodiscard]] AccessFlags access() const noexcept { return access_; }
   /// The address of the region's first byte for the device and the peer: its virtual address
   /// (data()), or the IOVA it was registered at (0 for a moved-from region).
@@ -308,7 +311,14 @@ class MemoryRegion {
   /// for an implicit on-demand region). Throws Error(Errc::local_out_of_bounds) when it does
   /// not, Error(Errc::length_overflow) when it has 2^32 bytes or more, and Error(Errc::bad_argument)
   /// for a dma-buf region, whose memory is not the process's.
-  [[nodiscard]] LocalSlice slice(std::span<const std::byte> memory, SourceLocation where = SourceLocation::current()) const;
+  [[nodiscard]] LocalSlice slice(std::span<const std::byte> memory, SourceLocation where = SourceLocation::current()) const {
+    const auto addr = reinterpret_cast<std::uintptr_t>(memory.data());  // NOLINT
+    const auto base = reinterpret_cast<std::uintptr_t>(data_);          // NOLINT
+    if (kind_ == Kind::dmabuf || addr < base || addr - base > size() || memory.size() > size() - (addr - base))
+        [[unlikely]]
+      throw_memory_slice_error_(memory, where);
+    return slice(addr - base, memory.size(), where);
+  }
   /// The whole region as one local slice.
   [[nodiscard]] LocalSlice slice(SourceLocation where = SourceLocation::current()) const {
     return slice(0, size(), where);
@@ -335,14 +345,18 @@ class MemoryRegion {
   /// rights, or several at once. The keys may change (lkey() and rkey() give the new ones), so
   /// slices and remote() made before, and what the peer was given, are stale; no work request
   /// may use the region meanwhile. New memory is addressed from its virtual address (also for
-  /// a region registered at an Iova), and a buffer the region owned (allocate()) is freed.
-  /// Refused before the call, the region unchanged: nothing to change, a moved-from region, a
-  /// dma-buf or implicit on-demand region, a moved-from or other device's protection domain,
-  /// empty memory, and the checks of `access` as at registration (Errc::bad_argument,
-  /// Errc::empty_object, EOPNOTSUPP). Throws Error with the provider's errno: with EOPNOTSUPP
-  /// (the device cannot change this, as rxe cannot change anything) the region is unchanged;
-  /// after any other failure of the command the device leaves the registration undefined
-  /// (IBV_REREG_MR_ERR_CMD), so the region is left empty and its registration released.
+  /// a region registered at an Iova). A buffer the region allocated (allocate()) stays until the
+  /// region is destroyed, whatever memory it then covers. Refused before the call, the region
+  /// unchanged: nothing to change, a moved-from region, a dma-buf or implicit on-demand region,
+  /// a moved-from protection domain or one of another device context, empty memory, and the
+  /// checks of `access` as at registration (Errc::bad_argument, Errc::empty_object,
+  /// EOPNOTSUPP); and EBUSY while anything else holds the registration (a memory window bound to
+  /// the region, a shared_handle()): the window would go on granting the old range through the
+  /// new translation. Throws Error with the provider's errno, naming the change: with
+  /// EOPNOTSUPP (the device cannot change this; rxe of Linux 6.1 changes nothing) the region is
+  /// unchanged; after any other failure of the command the device leaves the registration
+  /// undefined (IBV_REREG_MR_ERR_CMD), so the region is left empty, its registration released,
+  /// and the message says so.
   void rereg(const Rereg& change, SourceLocation where = SourceLocation::current());
 
   /// The C handle; null for a moved-from region.
@@ -357,6 +371,8 @@ class MemoryRegion {
   enum class Kind : std::uint8_t { memory, implicit, dmabuf };
   struct Deleter;
   MemoryRegion() noexcept = default;  // empty, for implicit_on_demand to fill
+  // slice(span)'s refusal: memory outside the region, or a dma-buf region (cold).
+  [[noreturn]] void throw_memory_slice_error_(std::span<const std::byte> memory, SourceLocation where) const;
   MemoryRegion(Buffer buffer, const ProtectionDomain& pd, AccessFlags access, SourceLocation where);
   // Both public constructors: iova empty registers at the memory's own address (ibv_reg_mr).
   MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memory, AccessFlags access,

@@ -25,7 +25,8 @@ struct PostOptions {
   bool signaled = true;      ///< ask for a completion
   /// Copy the payload into the WQE (IBV_SEND_INLINE; sends and writes only); lkey unused. The
   /// provider reads the slices' addresses as pointers: not for slices of a region registered at
-  /// an IOVA (MemoryRegion's Iova constructor), whose addresses are not this process's.
+  /// an IOVA (MemoryRegion's Iova constructor) or of a dma-buf, whose addresses are not this
+  /// process's.
   bool inline_data = false;
   bool fence = false;        ///< wait for earlier reads and atomics (IBV_SEND_FENCE)
   bool solicited = false;    ///< wake a solicited-only waiter on the receiver (IBV_SEND_SOLICITED)

@@ -332,7 +332,6 @@ TEST_F(Window, TearingDownTheQpAndTheRegionBeforeTheBoundWindowDoesNotStall) {
                        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
 }
 
-}  // namespace
 
 // A window bound to a region keeps the registration, and so the peer's access, after the region
 // is destroyed: the memory the region owned (allocate()) must live as long, or the peer writes
@@ -350,3 +349,5 @@ TEST_F(Window, ARegionsOwnMemoryLivesWhileAWindowBoundToItDoes) {
   EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
   EXPECT_TRUE(same_bytes(memory, src->bytes().first(4096)));
 }
+
+}  // namespace
