@@ -456,17 +456,19 @@ struct CachedChoice {
   ibv_context* ctx = nullptr;
   std::uint8_t port = 0;
   GidChoice choice;
+  std::uint32_t ifindex = 0;  // the entry's netdev, by index: compared without a name lookup per QP
 };
 std::mutex g_cache_mutex;
 std::vector<CachedChoice> g_cache;
 
-bool still_there(ibv_context* ctx, std::uint8_t port, const GidEntry& e) {
+// One ioctl per QP: the entry at the cached index is still that GID, of that type, on that netdev
+// (by index: if_indextoname would cost three more system calls per QP, and many connections make
+// as many QPs).
+bool still_there(ibv_context* ctx, std::uint8_t port, const GidEntry& e, std::uint32_t ifindex) {
   ibv_gid_entry now{};
   if (ibv_query_gid_ex(ctx, port, e.index, &now, 0) != 0) return false;
-  char name[IF_NAMESIZE] = {};
-  const std::string netdev =
-      now.ndev_ifindex != 0 && ::if_indextoname(now.ndev_ifindex, name) != nullptr ? std::string(name) : std::string();
-  return Gid::from_native(now.gid) == e.gid && static_cast<GidType>(now.gid_type) == e.type && netdev == e.netdev;
+  return Gid::from_native(now.gid) == e.gid && static_cast<GidType>(now.gid_type) == e.type &&
+         now.ndev_ifindex == ifindex;
 }
 
 }  // namespace
@@ -516,13 +518,13 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation whe
   const PortInfo p = query_port(ctx, port_num, where);
   if (p.is_ethernet()) {
     // Checked outside the lock: other threads creating QPs need not wait for this query.
-    std::optional<GidChoice> cached;
+    std::optional<CachedChoice> cached;
     {
       const std::lock_guard lock(g_cache_mutex);
       for (const CachedChoice& c : g_cache)
-        if (c.ctx == ctx && c.port == port_num) cached = c.choice;
+        if (c.ctx == ctx && c.port == port_num) cached = c;
     }
-    if (cached && still_there(ctx, port_num, cached->entry)) return *cached;
+    if (cached && still_there(ctx, port_num, cached->choice.entry, cached->ifindex)) return cached->choice;
   }
   const std::vector<GidEntry> table = query_gid_table(ctx, port_num);
   if (!p.is_ethernet()) {
@@ -539,12 +541,15 @@ GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation whe
                         where);
   // Only the best kind of entry is kept: a lesser one is looked for again, since an address
   // added later (an IPv4 one on an IPv6-only port) would be preferred.
+  ibv_gid_entry raw{};
+  const bool have_raw = ibv_query_gid_ex(ctx, port_num, c->entry.index, &raw, 0) == 0;
   const std::lock_guard lock(g_cache_mutex);
   const auto same = [&](const CachedChoice& x) { return x.ctx == ctx && x.port == port_num; };
   g_cache.erase(std::remove_if(g_cache.begin(), g_cache.end(), same), g_cache.end());
   const std::string own = own_netdev(table);
-  if (c->entry.type == GidType::roce_v2 && c->entry.gid.is_ipv4_mapped() && (own.empty() || c->entry.netdev == own))
-    g_cache.push_back({ctx, port_num, *c});
+  if (have_raw && c->entry.type == GidType::roce_v2 && c->entry.gid.is_ipv4_mapped() &&
+      (own.empty() || c->entry.netdev == own))
+    g_cache.push_back({ctx, port_num, *c, raw.ndev_ifindex});
   return *c;
 }
 
