@@ -3,7 +3,7 @@
 # and the report against the servers of `bench/compare --serve` on host a, both with the same
 # options. Passes when the run completes and ends with a ratio and a paired line for every test
 # (send_lat_event too: both tools sleeping on their channels across the wire) and the
-# gain_vs_perftest line.
+# gain_vs_perftest line, and the many-QP rows.
 # Usage: compare.sh VERBS_PERF OUT_DIR COMPARE_OPTIONS...
 set -uo pipefail
 perf=$1 out=$2
@@ -23,5 +23,11 @@ for t in write_rate_batched_wr write_rate_batched_old; do
   grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
 done
 grep -Eq "^gain_vs_perftest write_rate_batching [0-9.]+$" "$log" || { echo "FAIL: no 'gain_vs_perftest' line"; exit 1; }
+# Many QPs across the wire, at each count (the connection rows run on one host only).
+for q in 1 2 4 8 16 32 64; do
+  for t in write_rate_q$q write_bw_q$q; do
+    grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
+  done
+done
 grep -q '"two_hosts": true' "$out/compare.json" || { echo "FAIL: compare.json does not say two hosts"; exit 1; }
 echo "compare across the wire: passed"

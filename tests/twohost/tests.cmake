@@ -46,7 +46,7 @@ add_test(NAME twohost.verbs_perf_verify
 add_test(NAME twohost.compare
          COMMAND ${verbs_twohost_run} --a "${PROJECT_SOURCE_DIR}/bench/compare --serve --perf $<TARGET_FILE:verbs-perf> --device rxe0"
                  -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare
-                    --device rxe0 --pairs 1 --sweep-pairs 0 --scale 50)
+                    --device rxe0 --pairs 1 --sweep-pairs 0 --qp-pairs 1 --scale 50)
 
 # The faults a network brings (tests/twohost/faults.sh): loss, delay, reordering, duplication,
 # the link down, a host that loses power, connects that cannot succeed, and a soak.
