@@ -245,18 +245,19 @@ void MemoryRegion::rereg(const Rereg& change, SourceLocation where) {
     detail::throw_errno(err, what + ": refused by libibverbs; the region is unchanged", where);
   if (rc == IBV_REREG_MR_ERR_DONT_FORK_NEW)
     detail::throw_errno(err, what + ": the new memory's fork protection (madvise) failed; the region is unchanged", where);
-  if (rc == IBV_REREG_MR_ERR_CMD || rc == IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW) {
-    // The kernel refused the command. EOPNOTSUPP comes before anything is changed (no such
-    // operation, or not this change); after any other failure ibv_rereg_mr(3) says the MR
-    // "shouldn't be used", so this region lets go of it. With CMD_AND_DO_FORK_NEW errno is the
-    // fork-protection call's, not the command's: the region is let go of then too.
+  if (rc != 0 && rc != IBV_REREG_MR_ERR_DO_FORK_OLD) {
+    // The kernel refused the command (IBV_REREG_MR_ERR_CMD, CMD_AND_DO_FORK_NEW, or a code this
+    // libibverbs does not list). EOPNOTSUPP comes before anything is changed (no such operation,
+    // or not this change); after any other failure ibv_rereg_mr(3) says the MR "shouldn't be
+    // used", so this region lets go of it. With CMD_AND_DO_FORK_NEW errno is the fork-protection
+    // call's, not the command's: the region is let go of then too.
     if (rc == IBV_REREG_MR_ERR_CMD && err == EOPNOTSUPP)
       detail::throw_errno(err, what + ": the device cannot make this change; the region is unchanged", where);
     MemoryRegion().swap(*this);
     detail::throw_errno(err,
-                        what + (rc == IBV_REREG_MR_ERR_CMD ? ": the command failed"
-                                                           : ": the command failed, and so did undoing the new "
-                                                             "memory's fork protection") +
+                        what + (rc != IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW
+                                    ? ": the command failed"
+                                    : ": the command failed, and so did undoing the new memory's fork protection") +
                             "; the registration is undefined (ibv_rereg_mr(3)), so the region let go of it and is "
                             "empty",
                         where);

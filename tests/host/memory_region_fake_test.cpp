@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -207,7 +208,7 @@ TEST_F(FakeRegistration, AFailedReregLeavesTheRegionAsItWasOrEmpty) {
     EXPECT_EQ(mr.access(), Access::local_write);
   }
   EXPECT_EQ(fake.deregs, 0);
-  for (const int rc : {IBV_REREG_MR_ERR_CMD, IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW}) {
+  for (const int rc : std::initializer_list<int>{IBV_REREG_MR_ERR_CMD, IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW, -7 /* unlisted */}) {
     auto other = MemoryRegion::allocate(pd, 4096, Access::local_write);
     const int deregs = fake.deregs;
     fake.rereg_rc = rc;
