@@ -435,7 +435,10 @@ struct HeldLink {
   std::shared_ptr<HeldCompletions> store;
   /// Registered in the store: written when it keeps something, polled by this connection's
   /// waiters on this CQ. One per CQ, not per connection: a waiter on the other CQ would drain
-  /// it and leave the waiter on this one asleep.
+  /// it and leave the waiter on this one asleep. Made by the first waiter that sleeps
+  /// (Connection::Impl::wake_fd), so that a connection nobody waits on costs no descriptor;
+  /// written and read under the store's mutex, and read without it only by the thread that made
+  /// it or saw it made (wake_fd's return).
   int fd = -1;
 };
 
@@ -511,8 +514,13 @@ struct Connection::Impl {
   // wakes the others (the cm channel is readable for one reader only, and a CQ with nothing
   // posted never wakes). wait_disconnected() after our own disconnect() waits for the peer's
   // answer: over_fd, readable already, would make it spin.
-  int over_fd = -1;
-  int gone_fd = -1;
+  // Made by the first thread that is about to sleep (wake_fd()), not with the connection: a
+  // process with many connections driven from its own event loop holds one descriptor per
+  // connection (the cm channel), not four. A waiter makes the fd before it reads the flags that
+  // say the connection is over, and wake_all() reads the fd after they are set (both seq_cst):
+  // either the waiter sees the connection over, or wake_all() sees the fd and writes it.
+  std::atomic<int> over_fd{-1};
+  std::atomic<int> gone_fd{-1};
   // The device context's async event reader (Device's), and what it told of this QP: the type of
   // the first QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR of the QP or DEVICE_FATAL (-1: none). Set by
   // whichever thread reads the event, this connection's waiter or not (on_async_event).
@@ -531,8 +539,38 @@ struct Connection::Impl {
     unlink_held(recv_held);
     if (send_held.store != recv_held.store) unlink_held(send_held);
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
-    if (over_fd >= 0) ::close(over_fd);
-    if (gone_fd >= 0) ::close(gone_fd);
+    if (const int fd = over_fd.load(); fd >= 0) ::close(fd);
+    if (const int fd = gone_fd.load(); fd >= 0) ::close(fd);
+  }
+
+  /// The eventfd in `slot`, made now if no thread made it yet; -1 with errno set on failure.
+  static int wake_fd(std::atomic<int>& slot) noexcept {
+    if (const int fd = slot.load(); fd >= 0) return fd;
+    const int made = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (made < 0) return -1;
+    int none = -1;
+    if (slot.compare_exchange_strong(none, made)) return made;
+    ::close(made);  // another thread's came first
+    return none;
+  }
+
+  /// The eventfd of `l` in its store, made and registered now if no waiter made it yet; -1 with
+  /// errno set on failure. Registered before the waiter arms and polls the CQ: whatever is kept
+  /// after that writes it, and what was kept before, the poll finds.
+  static int wake_fd(HeldLink& l) noexcept {
+    const std::lock_guard lock(l.store->mutex);
+    if (l.fd >= 0) return l.fd;
+    const int made = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (made < 0) return -1;
+    try {
+      l.store->wakers.push_back(made);
+    } catch (const std::bad_alloc&) {
+      ::close(made);
+      errno = ENOMEM;
+      return -1;
+    }
+    l.fd = made;
+    return made;
   }
 
   /// Leaves the store: no more wakeups, and the exchange() completions reserved for this QP go
@@ -540,7 +578,7 @@ struct Connection::Impl {
   void unlink_held(HeldLink& l) noexcept {
     if (l.store) {
       const std::lock_guard lock(l.store->mutex);
-      std::erase(l.store->wakers, l.fd);
+      if (l.fd >= 0) std::erase(l.store->wakers, l.fd);
       if (qp_num != 0) std::erase_if(l.store->reserved, [&](const Completion& wc) { return wc.qp_num() == qp_num; });
     }
     if (l.fd >= 0) ::close(l.fd);
@@ -552,22 +590,19 @@ struct Connection::Impl {
     return cq.shared_handle().get() == recv_held.cq ? recv_held : send_held;
   }
 
-  /// Joins the store of `cq`, with an eventfd of its own.
-  void link_held(HeldLink& l, const CompletionQueue& cq, Phase phase, SourceLocation where) {
+  /// Joins the store of `cq` (its eventfd comes with the first waiter: wake_fd()).
+  void link_held(HeldLink& l, const CompletionQueue& cq) {
     l.cq = cq.shared_handle().get();
     l.store = held_store(cq.shared_handle());
-    l.fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (l.fd < 0) fail(errno, phase, "eventfd", where);
-    const std::lock_guard lock(l.store->mutex);
-    l.store->wakers.push_back(l.fd);
   }
 
   /// Makes over_fd readable (and gone_fd once the peer or the device ended the connection),
   /// waking every thread that waits on this connection.
   void wake_all() noexcept {
     const std::uint64_t one = 1;
-    if (over_fd >= 0) (void)!::write(over_fd, &one, sizeof one);
-    if ((peer_gone || device_removed) && gone_fd >= 0) (void)!::write(gone_fd, &one, sizeof one);
+    if (const int fd = over_fd.load(); fd >= 0) (void)!::write(fd, &one, sizeof one);
+    if (peer_gone || device_removed)
+      if (const int fd = gone_fd.load(); fd >= 0) (void)!::write(fd, &one, sizeof one);
   }
 
   /// Empties an eventfd of a held link (it was readable), before the store is looked at again.
@@ -580,19 +615,16 @@ struct Connection::Impl {
   void build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
     ibv_context* ctx = id->verbs;
     if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
-    over_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    gone_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (over_fd < 0 || gone_fd < 0) fail(errno, phase, "eventfd", where);
     device.emplace(device_of(id));
     const std::string owner = "the connection (" + device->name() + ")";
     constexpr std::string_view remedy = "make it from cm::device_for() or Listener::device()";
     make_pd_and_cqs(*device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "ConnectionOptions::", owner, remedy, phase,
                     where, pd, send_cq, recv_cq);
-    link_held(recv_held, *recv_cq, phase, where);
+    link_held(recv_held, *recv_cq);
     if (send_cq->shared_handle() == recv_cq->shared_handle())
-      send_held = recv_held;
+      send_held = recv_held;  // never used for its fd: held_link() and exchange() take recv_held's
     else
-      link_held(send_held, *send_cq, phase, where);
+      link_held(send_held, *send_cq);
     if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
     if (o.qp.srq != nullptr) {
       check_same_context(o.qp.srq, ctx, "QpOptions::srq", owner, remedy, phase, where);
@@ -953,6 +985,16 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
   // Both CQs at once (they may be one): either request may fail first.
   // A CQ on a shared channel (CqOptions::channel) is busy-polled: its events are the channel's.
   const bool busy = !rcq.has_channel() || !scq.has_channel() || rcq.shares_channel() || scq.shares_channel();
+  // What a sleeping exchange() polls besides the CQs and the cm channel, made before the loop
+  // looks at over() or arms a CQ (Impl::over_fd, HeldLink::fd).
+  int over_fd = -1, recv_held_fd = -1, send_held_fd = -1;
+  if (!busy) {
+    over_fd = Impl::wake_fd(c.over_fd);
+    if (over_fd >= 0) recv_held_fd = Impl::wake_fd(c.recv_held);
+    if (recv_held_fd >= 0 && !one_cq) send_held_fd = Impl::wake_fd(c.send_held);
+    if (over_fd < 0 || recv_held_fd < 0 || (!one_cq && send_held_fd < 0))
+      fail(errno, Phase::established, "exchange: eventfd", where);
+  }
   unsigned spins = 0;
   for (bool first = true;; first = false) {
     const std::size_t found = collect_all(false);
@@ -992,10 +1034,10 @@ RemoteSlice Connection::exchange(const RemoteSlice& mine, milliseconds timeout, 
     fds[k++] = {rcq.fd(), POLLIN, 0};
     if (!one_cq) fds[k++] = {scq.fd(), POLLIN, 0};
     const nfds_t held_at = k;
-    fds[k++] = {c.recv_held.fd, POLLIN, 0};
-    if (!one_cq) fds[k++] = {c.send_held.fd, POLLIN, 0};
+    fds[k++] = {recv_held_fd, POLLIN, 0};
+    if (!one_cq) fds[k++] = {send_held_fd, POLLIN, 0};
     fds[k++] = {c.channel->fd, POLLIN, 0};
-    fds[k++] = {c.over_fd, POLLIN, 0};
+    fds[k++] = {over_fd, POLLIN, 0};
     const nfds_t async_at = k;
     fds[k++] = {c.hub->native_fd(), POLLIN, 0};
     if (::poll(fds.data(), k, std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
@@ -1034,6 +1076,12 @@ bool Connection::poll_events(SourceLocation where) {
 bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) noexcept {
   Impl& c = *impl_;
   const auto deadline = deadline_after(timeout);
+  // Made before the flags are read (Impl::gone_fd).
+  const int gone_fd = Impl::wake_fd(c.gone_fd);
+  if (gone_fd < 0) {
+    ec.assign(errno, std::generic_category());
+    return false;
+  }
   for (;;) {
     if (c.pump(ec), ec) return false;
     if (c.peer_gone || c.device_removed) {
@@ -1042,7 +1090,7 @@ bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) no
     }
     const int left = ms_until(deadline);
     if (left <= 0) return false;
-    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {c.gone_fd, POLLIN, 0}};
+    pollfd fds[2] = {{c.channel->fd, POLLIN, 0}, {gone_fd, POLLIN, 0}};
     if (::poll(fds, 2, left) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return false;
@@ -1103,6 +1151,10 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   // A CQ on a shared channel (CqOptions::channel) is busy-polled: its events are the channel's.
   const bool spinning = busy || !cq.has_channel() || cq.shares_channel();
+  // held_fd: an exchange() kept something for this CQ (it polled the CQ, and may have taken the
+  // completion that would have raised the event), or took the CQ's event (see below).
+  const bool of_connection = cq.shared_handle().get() == held.cq;
+  int over_fd = -1, held_fd = -1;  // poll(2) skips -1
   for (bool first = true;; first = false) {
     if (auto got = poll(false); !got.empty() || ec) return got;
     if (spinning) {
@@ -1116,17 +1168,22 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
       if (Clock::now() >= deadline) return {};
       continue;
     }
+    if (over_fd < 0) {
+      // About to sleep for the first time: the wake fds, before over() is read and the CQ armed.
+      over_fd = Impl::wake_fd(c.over_fd);
+      if (over_fd >= 0 && of_connection) held_fd = Impl::wake_fd(held);
+      if (over_fd < 0 || (of_connection && held_fd < 0)) {
+        ec.assign(errno, std::generic_category());
+        return {};
+      }
+    }
     if (c.pump(ec), ec) return {};
     if (closed()) return finish();
     if (Clock::now() >= deadline) return {};
     if (auto got = poll(true); !got.empty() || ec) return got;
-    // held_fd: an exchange() kept something for this CQ (it polled the CQ, and may have taken the
-    // completion that would have raised the event), or took the CQ's event (see below).
-    const bool of_connection = cq.shared_handle().get() == held.cq;
-    const int held_fd = of_connection ? held.fd : -1;  // poll(2) skips -1
     // The device's async fd: an event of this QP (or DEVICE_FATAL) ends the connection; any
     // other is kept for Device::poll_async_events by the reader (detail::AsyncHub).
-    pollfd fds[5] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {c.over_fd, POLLIN, 0}, {held_fd, POLLIN, 0},
+    pollfd fds[5] = {{cq.fd(), POLLIN, 0}, {c.channel->fd, POLLIN, 0}, {over_fd, POLLIN, 0}, {held_fd, POLLIN, 0},
                      {c.hub->native_fd(), POLLIN, 0}};
     if (::poll(fds, 5, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());

@@ -1362,6 +1362,47 @@ TEST_F(Cm, TheFirstConnectionOnADeviceReleasesItsIdWhileOthersLive) {
   second.reset();
 }
 
+// A connection on a shared PD and CQ holds one descriptor, its rdma_cm event channel, until a
+// thread sleeps on it: the eventfds that wake its other waiters are made by the first waiter. A
+// process driving many connections from its own event loop (verbs-cmtime, 256 at once) held
+// four per connection, and reached the usual 1024 limit near 250. Waits then work as before.
+TEST_F(Cm, AConnectionHoldsOnlyItsEventChannelUntilAThreadSleepsOnIt) {
+  cm::Listener listener(test_addr(), 0);
+  ProtectionDomain pd(*device);
+  CompletionQueue cq(*device, {.depth = 64, .with_channel = true});  // so that wait() sleeps
+  const cm::ConnectionOptions shared{.pd = &pd, .send_cq = &cq, .recv_cq = &cq};
+  const auto pair = [&] {
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, shared); });
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = shared});
+    return std::pair{std::move(client), server.get()};
+  };
+  auto warm = pair();  // what the first connection makes once (librdmacm's and the device's state)
+  const int before = open_fds();
+  std::vector<std::pair<cm::Connection, cm::Connection>> pairs;
+  for (int i = 0; i < 4; ++i) pairs.push_back(pair());
+  EXPECT_EQ(open_fds() - before, 8) << "4 connections, both sides in this process: one rdma_cm channel each";
+
+  // A receive, a send, and a wait that sleeps (nothing is there yet when it starts).
+  auto& [client, conn] = pairs[1];
+  auto in = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
+  auto out = MemoryRegion::allocate(client.pd(), 64);
+  ASSERT_TRUE(conn.qp().post_recv(in.slice(0, 64), 11).ok());
+  auto got = std::async(std::launch::async, [&] { return conn.wait_one(conn.recv_cq(), 10s); });
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(client.qp().post_send(out.slice(0, 64), {.wr_id = 12}).ok());
+  const auto wc = got.get();
+  ASSERT_TRUE(wc.has_value()) << "no completion within 10 s";
+  EXPECT_TRUE(wc->ok());
+  EXPECT_EQ(wc->wr_id(), 11U);
+  // The peer's disconnect wakes a thread asleep in wait_disconnected() (its eventfd made then).
+  auto gone = std::async(std::launch::async, [&] { return conn.wait_disconnected(10s); });
+  std::this_thread::sleep_for(50ms);
+  client.disconnect();
+  EXPECT_TRUE(gone.get());
+  pairs.clear();
+  EXPECT_EQ(open_fds(), before) << "file descriptors left after the connections went";
+}
+
 // One thread and no blocking call (suite CmEventLoop): start_connect() and start_accept() with
 // PendingConnect/PendingAccept, driven by poll(2) on their fds. Each step() must return at once
 // (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
