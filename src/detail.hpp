@@ -59,6 +59,8 @@ GidEntry gid_entry(const ibv_gid_entry& e);
 PortInfo query_port(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
 std::vector<GidEntry> query_gid_table(ibv_context* ctx, std::uint8_t port_num);
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where = SourceLocation::current());
+/// As above, with the port's attributes the caller has just queried (`port`).
+GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, const PortInfo& port, SourceLocation where);
 /// The choice choose_gid makes from a RoCE port's table (the valid entries, any order); empty
 /// when none will do. Preference: RoCE v2 before v1; a routable address before link-local
 /// fe80:: only; the port's own netdev (that of the GID at index 0, derived from its MAC)
@@ -101,6 +103,9 @@ class AsyncHub {
   void remove_route(const ibv_qp* qp) noexcept;
   /// Events kept for Device::poll_async_events (for tests).
   [[nodiscard]] std::size_t kept() const noexcept;
+  /// The context's device attributes (ibv_query_device_ex(3)), queried by the first caller and
+  /// kept: they do not change while the context is open. Throws Error if the query fails.
+  [[nodiscard]] ibv_device_attr_ex device_attributes(SourceLocation where);
 
  private:
   void deliver_locked(const AsyncEvent& event) noexcept;
@@ -118,10 +123,14 @@ class AsyncHub {
     AsyncRoute route;
   };
   std::unordered_map<const ibv_qp*, Target> routes_;
+  std::optional<ibv_device_attr_ex> attributes_;  // under mutex_
 };
 
 /// The hub of `ctx`, shared by every Device (and connection) on that context while one lives.
 std::shared_ptr<AsyncHub> async_hub(const std::shared_ptr<ibv_context>& ctx);
+/// The device attributes of `ctx`: kept by its hub while a Device (or connection) on it lives,
+/// else queried. One query per connection and per QP was a system call each on every setup.
+ibv_device_attr_ex device_attributes(ibv_context* ctx, SourceLocation where);
 /// The event type's enumerator without IBV_EVENT_ ("QP_FATAL"), "UNKNOWN" for another value.
 std::string_view async_event_type_name(ibv_event_type type) noexcept;
 

@@ -216,7 +216,7 @@ std::vector<DeviceInfo> list_devices() {
 Device::Device(std::shared_ptr<ibv_context> ctx, std::string name, SourceLocation where)
     : ctx_(std::move(ctx)), name_(std::move(name)) {
   hub_ = detail::async_hub(ctx_);
-  detail::check_rc(ibv_query_device_ex(ctx_.get(), nullptr, &attr_), "ibv_query_device_ex", where);
+  attr_ = hub_->device_attributes(where);
 }
 
 Device Device::open(std::string_view name, SourceLocation where) {
@@ -515,7 +515,10 @@ std::optional<GidChoice> choose_roce_gid(const std::vector<GidEntry>& table) {
 }
 
 GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, SourceLocation where) {
-  const PortInfo p = query_port(ctx, port_num, where);
+  return choose_gid(ctx, port_num, query_port(ctx, port_num, where), where);
+}
+
+GidChoice choose_gid(ibv_context* ctx, std::uint8_t port_num, const PortInfo& p, SourceLocation where) {
   if (p.is_ethernet()) {
     // Checked outside the lock: other threads creating QPs need not wait for this query.
     std::optional<CachedChoice> cached;
@@ -682,6 +685,31 @@ HubRegistry& hub_registry() {
   return *registry;
 }
 }  // namespace
+
+ibv_device_attr_ex AsyncHub::device_attributes(SourceLocation where) {
+  {
+    const std::lock_guard lock(mutex_);
+    if (attributes_) return *attributes_;
+  }
+  ibv_device_attr_ex a{};
+  check_rc(ibv_query_device_ex(ctx_, nullptr, &a), "ibv_query_device_ex", where);
+  const std::lock_guard lock(mutex_);
+  attributes_ = a;
+  return a;
+}
+
+ibv_device_attr_ex device_attributes(ibv_context* ctx, SourceLocation where) {
+  std::shared_ptr<AsyncHub> hub;
+  {
+    HubRegistry& r = hub_registry();
+    const std::lock_guard lock(r.mutex);
+    if (const auto it = r.hubs.find(ctx); it != r.hubs.end()) hub = it->second.lock();
+  }
+  if (hub) return hub->device_attributes(where);
+  ibv_device_attr_ex a{};
+  check_rc(ibv_query_device_ex(ctx, nullptr, &a), "ibv_query_device_ex", where);
+  return a;
+}
 
 std::shared_ptr<AsyncHub> async_hub(const std::shared_ptr<ibv_context>& ctx) {
   HubRegistry& r = hub_registry();

@@ -171,8 +171,7 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
   if (o.extended) {
     // ibv_create_qp_ex(3) with the send operations of the type. A device that refuses the
     // memory-window ones (EINVAL or EOPNOTSUPP) gets the QP without them.
-    ibv_device_attr_ex dev{};
-    detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
+    const ibv_device_attr_ex dev = detail::device_attributes(pd.native_handle()->context, where);
     for (const bool with_mw : {true, false}) {
       ibv_qp_init_attr_ex ex{};
       ex.qp_context = init.qp_context;
@@ -235,8 +234,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   const PortInfo port = detail::query_port(ctx, o.port, where);
   ethernet_ = port.is_ethernet();
   // Once, not per transition: the read/atomic limits RTR and RTS cap with, and atomic support.
-  ibv_device_attr_ex dev{};
-  detail::check_rc(ibv_query_device_ex(ctx, nullptr, &dev), "ibv_query_device_ex", where);
+  const ibv_device_attr_ex dev = detail::device_attributes(ctx, where);
   atomics_ = dev.orig_attr.atomic_cap != IBV_ATOMIC_NONE;
   max_init_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.orig_attr.max_qp_init_rd_atom, 0, 255));
   max_rd_atom_ = static_cast<std::uint8_t>(std::clamp(dev.orig_attr.max_qp_rd_atom, 0, 255));
@@ -246,7 +244,7 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
     detail::check_rc(ibv_query_gid(ctx, o.port, static_cast<int>(gid_index_), &g), "ibv_query_gid", where);
     local_.gid = Gid::from_native(g);
   } else if (ethernet_) {
-    const GidChoice c = detail::choose_gid(ctx, o.port, where);
+    const GidChoice c = detail::choose_gid(ctx, o.port, port, where);
     gid_index_ = c.entry.index;
     local_.gid = c.entry.gid;
   }

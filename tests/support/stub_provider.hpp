@@ -72,6 +72,7 @@ struct Provider {
   std::uint32_t vendor_id = 0;          // what ibv_query_device_ex reports (0xffffff: rxe)
   std::uint64_t device_cap_flags_ex = 0;
   std::uint32_t odp_general_caps = 0;   // what ibv_query_device_ex reports in odp_caps.general_caps
+  int device_queries = 0, port_queries = 0;  // ibv_query_device_ex and ibv_query_port calls
 
   // The extended QP (QpOptions::extended): what its ibv_wr_* functions saw.
   int wr_starts = 0, wr_completes = 0, wr_aborts = 0;
@@ -290,6 +291,7 @@ struct Provider {
   }
   static int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr,
                              std::size_t) {
+    ++of(ctx).device_queries;
     *attr = ibv_device_attr_ex{};
     attr->orig_attr.atomic_cap = of(ctx).atomic_cap;
     attr->orig_attr.max_qp_rd_atom = 16;
@@ -300,7 +302,8 @@ struct Provider {
     attr->odp_caps.general_caps = of(ctx).odp_general_caps;
     return 0;
   }
-  static int query_port(ibv_context*, std::uint8_t, ibv_port_attr* attr, std::size_t) {
+  static int query_port(ibv_context* ctx, std::uint8_t, ibv_port_attr* attr, std::size_t) {
+    ++of(ctx).port_queries;
     *attr = ibv_port_attr{};
     attr->state = IBV_PORT_ACTIVE;
     attr->link_layer = IBV_LINK_LAYER_INFINIBAND;
