@@ -39,13 +39,22 @@ int clamp_ms(milliseconds timeout) { return static_cast<int>(std::clamp<std::int
 
 int ms_until(Clock::time_point deadline) { return detail::poll_ms_until(deadline); }
 
-std::shared_ptr<rdma_event_channel> make_channel(Phase phase, SourceLocation where) {
+/// A new non-blocking channel, the caller's to destroy.
+rdma_event_channel* new_channel(Phase phase, SourceLocation where) {
   rdma_event_channel* ch = rdma_create_event_channel();
   if (ch == nullptr) fail(errno, phase, "rdma_create_event_channel", where);
-  std::shared_ptr<rdma_event_channel> owned(ch, [](rdma_event_channel* c) { rdma_destroy_event_channel(c); });
   const int fl = ::fcntl(ch->fd, F_GETFL);
-  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) fail(errno, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel", where);
-  return owned;
+  if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    const int err = errno;
+    rdma_destroy_event_channel(ch);
+    fail(err, phase, "fcntl(O_NONBLOCK) on the rdma_cm channel", where);
+  }
+  return ch;
+}
+
+std::shared_ptr<rdma_event_channel> make_channel(Phase phase, SourceLocation where) {
+  // Should the control block fail to allocate, the constructor calls the deleter.
+  return {new_channel(phase, where), [](rdma_event_channel* c) { rdma_destroy_event_channel(c); }};
 }
 
 /// An id on `ch`; destroying it keeps the channel alive until then.
@@ -95,6 +104,35 @@ std::string address_text(const sockaddr* sa) {
   return {};
 }
 
+/// A copy of `ev` (not acknowledged). Throws std::bad_alloc.
+Event to_event(const rdma_cm_event* ev) {
+  Event e{ev->event, ev->status, ev->id, {}};
+  const bool datagram = ev->id != nullptr && ev->id->ps == RDMA_PS_UDP;
+  // A SIDR reply that refuses (UNREACHABLE on a UD id) carries the refusing side's data.
+  const bool carries_data = e.type == RDMA_CM_EVENT_CONNECT_REQUEST || e.type == RDMA_CM_EVENT_ESTABLISHED ||
+                            e.type == RDMA_CM_EVENT_REJECTED || e.type == RDMA_CM_EVENT_CONNECT_RESPONSE ||
+                            (datagram && e.type == RDMA_CM_EVENT_UNREACHABLE);
+  if (carries_data && ev->param.conn.private_data != nullptr) {
+    const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
+    e.private_data.assign(p, p + ev->param.conn.private_data_len);
+  }
+  if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST && !datagram) {
+    e.responder_resources = ev->param.conn.responder_resources;
+    e.initiator_depth = ev->param.conn.initiator_depth;
+  }
+  const bool multicast = e.type == RDMA_CM_EVENT_MULTICAST_JOIN || e.type == RDMA_CM_EVENT_MULTICAST_ERROR;
+  if (multicast) {
+    // librdmacm puts the join's context where the private data would be.
+    e.context = ev->param.ud.private_data;
+  }
+  if (datagram && (e.type == RDMA_CM_EVENT_ESTABLISHED || e.type == RDMA_CM_EVENT_MULTICAST_JOIN)) {
+    e.ah_attr = ev->param.ud.ah_attr;
+    e.ud_qp_num = ev->param.ud.qp_num;
+    e.ud_qkey = ev->param.ud.qkey;
+  }
+  return e;
+}
+
 /// The next event on `ch`, acknowledged; empty when `deadline` passes first (ec clear) or on
 /// failure (ec set).
 std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadline, std::error_code& ec) {
@@ -102,29 +140,12 @@ std::optional<Event> next_event(rdma_event_channel* ch, Clock::time_point deadli
   for (;;) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(ch, &ev) == 0) {
-      Event e{ev->event, ev->status, ev->id, {}};
-      const bool datagram = ev->id != nullptr && ev->id->ps == RDMA_PS_UDP;
-      // A SIDR reply that refuses (UNREACHABLE on a UD id) carries the refusing side's data.
-      const bool carries_data = e.type == RDMA_CM_EVENT_CONNECT_REQUEST || e.type == RDMA_CM_EVENT_ESTABLISHED ||
-                                e.type == RDMA_CM_EVENT_REJECTED || e.type == RDMA_CM_EVENT_CONNECT_RESPONSE ||
-                                (datagram && e.type == RDMA_CM_EVENT_UNREACHABLE);
-      if (carries_data && ev->param.conn.private_data != nullptr) {
-        const auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
-        e.private_data.assign(p, p + ev->param.conn.private_data_len);
-      }
-      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST && !datagram) {
-        e.responder_resources = ev->param.conn.responder_resources;
-        e.initiator_depth = ev->param.conn.initiator_depth;
-      }
-      const bool multicast = e.type == RDMA_CM_EVENT_MULTICAST_JOIN || e.type == RDMA_CM_EVENT_MULTICAST_ERROR;
-      if (multicast) {
-        // librdmacm puts the join's context where the private data would be.
-        e.context = ev->param.ud.private_data;
-      }
-      if (datagram && (e.type == RDMA_CM_EVENT_ESTABLISHED || e.type == RDMA_CM_EVENT_MULTICAST_JOIN)) {
-        e.ah_attr = ev->param.ud.ah_attr;
-        e.ud_qp_num = ev->param.ud.qp_num;
-        e.ud_qkey = ev->param.ud.qkey;
+      std::optional<Event> e;
+      try {
+        e.emplace(to_event(ev));
+      } catch (...) {
+        rdma_ack_cm_event(ev);
+        throw;
       }
       rdma_ack_cm_event(ev);
       return e;
@@ -442,6 +463,107 @@ struct HeldLink {
   int fd = -1;
 };
 
+/// An EventChannel's state: the channel, and who each event is for. Shared by the EventChannel
+/// and every connection on it (through their ids' deleters and Connection::Impl::shared).
+struct ChannelHub {
+  /// Called under `mutex` with an event of the route's id: must not block nor call into the hub.
+  using Deliver = void (*)(void* self, Event&& e) noexcept;
+  struct Route {
+    void* self;
+    Deliver deliver;
+    std::uint64_t key;
+    bool listed = false;  // its key is in `ready`
+  };
+
+  explicit ChannelHub(rdma_event_channel* c) noexcept : ch(c) {}
+  ChannelHub(const ChannelHub&) = delete;
+  ChannelHub& operator=(const ChannelHub&) = delete;
+  ~ChannelHub() { rdma_destroy_event_channel(ch); }
+
+  rdma_event_channel* const ch;
+  std::mutex mutex;
+  std::unordered_map<const rdma_cm_id*, Route> routes;
+  std::vector<std::pair<const rdma_cm_id*, std::uint64_t>> ready;  // routes with news, in order
+  std::vector<std::uint64_t> handed;                                // what dispatch() last returned
+
+  /// Routes the events of `id`; throws std::bad_alloc.
+  void add(const rdma_cm_id* id, Route r) {
+    const std::lock_guard lock(mutex);
+    routes.insert_or_assign(id, r);
+  }
+  /// Stops routing `id`'s events: once it returns, its route is not called any more, and the
+  /// events it did not take are dropped (acknowledged, so that rdma_destroy_id(3) need not wait).
+  void remove(const rdma_cm_id* id) noexcept {
+    const std::lock_guard lock(mutex);
+    if (const auto it = routes.find(id); it != routes.end()) {
+      if (it->second.listed) std::erase_if(ready, [&](const auto& r) { return r.first == id; });
+      routes.erase(it);
+    }
+  }
+  /// Reads every pending event and hands each to its id's route. Sets `ec` on failure.
+  void pump(std::error_code& ec) noexcept {
+    ec.clear();
+    const std::lock_guard lock(mutex);
+    for (;;) {
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(ch, &ev) != 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) ec.assign(errno, std::generic_category());
+        return;
+      }
+      const rdma_cm_id* id = ev->id;
+      std::optional<Event> e;
+      try {
+        e.emplace(to_event(ev));
+      } catch (const std::bad_alloc&) {
+        ec = std::make_error_code(std::errc::not_enough_memory);
+      }
+      rdma_ack_cm_event(ev);
+      if (!e) return;
+      const auto it = routes.find(id);
+      if (it == routes.end()) continue;  // its connection is gone
+      Route& r = it->second;
+      r.deliver(r.self, std::move(*e));
+      if (!r.listed) {
+        try {
+          ready.emplace_back(id, r.key);
+          r.listed = true;
+        } catch (const std::bad_alloc&) {
+          // Not listed: dispatch() will not name it; its connection has the event all the same.
+        }
+      }
+    }
+  }
+  /// pump(), then the keys of the routes with news since the last call.
+  std::span<const std::uint64_t> dispatch(std::error_code& ec) noexcept {
+    pump(ec);
+    if (ec) return {};
+    const std::lock_guard lock(mutex);
+    handed.clear();
+    try {
+      handed.reserve(ready.size());
+    } catch (const std::bad_alloc&) {
+      ec = std::make_error_code(std::errc::not_enough_memory);
+      return {};
+    }
+    for (const auto& [id, key] : ready) {
+      handed.push_back(key);
+      if (const auto it = routes.find(id); it != routes.end()) it->second.listed = false;
+    }
+    ready.clear();
+    return handed;
+  }
+};
+
+struct ChannelAccess {
+  static const std::shared_ptr<ChannelHub>& hub(const EventChannel& c) noexcept { return c.hub_; }
+};
+
+/// The channel of `hub` as the connection code uses a channel of its own: a shared_ptr that
+/// keeps the hub (which owns it) alive.
+std::shared_ptr<rdma_event_channel> channel_of(const std::shared_ptr<ChannelHub>& hub) noexcept {
+  return {hub, hub->ch};
+}
+
 }  // namespace internal
 using namespace internal;
 
@@ -477,7 +599,10 @@ Reject::Reject(std::span<const std::byte> private_data, const std::string& why) 
 
 // ---------------------------------------------------------------------------------------------
 struct Connection::Impl {
+  // Its own channel, or an EventChannel's (then `shared` is that channel's hub, and `channel`
+  // keeps the hub alive).
   std::shared_ptr<rdma_event_channel> channel;
+  std::shared_ptr<ChannelHub> shared;
   std::shared_ptr<rdma_cm_id> id;
   std::optional<Device> device;
   // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
@@ -527,9 +652,17 @@ struct Connection::Impl {
   std::shared_ptr<detail::AsyncHub> hub;
   bool routed = false;
   std::atomic<int> fatal_event{-1};
+  // On an EventChannel (`shared`), under its mutex: while the handshake runs, the events its
+  // readers hand over wait in `inbox` for step(); once established, deliver() notes them at
+  // once (note()), as pump() does on a channel of its own. `inbox_lost`: one could not be kept.
+  bool channel_routed = false;
+  bool handshaking = true;
+  std::deque<Event> inbox;
+  bool inbox_lost = false;
 
   ~Impl() {
-    // Out of the hub first: its route must not be called with this Impl half destroyed.
+    // Out of the hubs first: their routes must not be called with this Impl half destroyed.
+    if (channel_routed) shared->remove(id.get());
     if (routed) hub->remove_route(qp->native_handle());
     if (established && !disconnected) {
       to_error();
@@ -734,20 +867,86 @@ struct Connection::Impl {
     peer_private = std::move(p.rest);
   }
 
-  /// Once this side is connected.
-  void on_established() { established = true; }
+  /// Once this side is connected. On an EventChannel, events from now on are noted as they are
+  /// handed over; those that came with the last handshake event (a DISCONNECTED right after
+  /// ESTABLISHED) are noted now.
+  void on_established() {
+    established = true;
+    if (!shared) return;
+    std::deque<Event> left;
+    {
+      const std::lock_guard lock(shared->mutex);
+      handshaking = false;
+      left.swap(inbox);
+    }
+    for (const Event& e : left) note(e);
+  }
 
-  /// Reads pending events without blocking, and notes a disconnect (or device removal).
+  /// What an event of the established connection changes: a disconnect, a device removal.
+  void note(const Event& e) noexcept {
+    if (e.type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
+    if (e.type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
+    if (e.type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
+    if (over()) wake_all();
+  }
+
+  /// Reads pending events without blocking, and notes a disconnect (or device removal). On an
+  /// EventChannel: hands every connection its events (this one's are noted by deliver()).
   void pump(std::error_code& ec) noexcept {
     ec.clear();
-    for (;;) {
-      std::optional<Event> e = next_event(channel.get(), Clock::time_point{}, ec);
-      if (!e) return;
-      if (e->type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
-      if (e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
-      if (e->type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
-      if (over()) wake_all();
+    if (shared) {
+      shared->pump(ec);
+      return;
     }
+    for (;;) {
+      std::optional<Event> e;
+      try {
+        e = next_event(channel.get(), Clock::time_point{}, ec);
+      } catch (const std::bad_alloc&) {
+        ec = std::make_error_code(std::errc::not_enough_memory);
+      }
+      if (!e) return;
+      note(*e);
+    }
+  }
+
+  /// The route of this connection's id on an EventChannel (ChannelHub::Deliver).
+  static void deliver(void* self, Event&& e) noexcept {
+    auto& c = *static_cast<Impl*>(self);
+    if (!c.handshaking) {
+      c.note(e);
+      return;
+    }
+    try {
+      c.inbox.push_back(std::move(e));
+    } catch (const std::bad_alloc&) {
+      c.inbox_lost = true;
+    }
+  }
+
+  /// Joins the routes of `shared` (the id is made or migrated there by the caller).
+  void join(std::uint64_t key) {
+    shared->add(id.get(), {this, &Impl::deliver, key});
+    channel_routed = true;
+  }
+
+  /// The handshake's next event, without blocking: from its own channel, or what an
+  /// EventChannel's readers handed over. Empty with `ec` clear when there is none yet.
+  std::optional<Event> next(std::error_code& ec) {
+    if (!shared) return next_event(channel.get(), Clock::time_point{}, ec);
+    ec.clear();
+    const auto take = [&]() -> std::optional<Event> {
+      const std::lock_guard lock(shared->mutex);
+      if (inbox_lost) ec = std::make_error_code(std::errc::not_enough_memory);
+      if (inbox_lost || inbox.empty()) return std::nullopt;
+      Event e = std::move(inbox.front());
+      inbox.pop_front();
+      return e;
+    };
+    if (auto e = take(); e || ec) return e;  // handed over already (dispatch() read it)
+    shared->pump(ec);
+    if (ec) return std::nullopt;
+    return take();
   }
 
   /// The async event reader's route (detail::AsyncRoute), under its lock: an event of this QP,
@@ -1253,8 +1452,16 @@ struct PendingConnect::Impl {
     data = frame(o.connection, max_connect_private_data, Phase::connect, where);
     check_options(o.connection, Phase::connect, where);
     c = std::make_unique<Connection::Impl>();
-    c->channel = make_channel(Phase::resolve_address, where);
+    if (o.connection.channel != nullptr) {
+      c->shared = ChannelAccess::hub(*o.connection.channel);
+      if (!c->shared) fail(EINVAL, Phase::resolve_address, "ConnectionOptions::channel is empty (moved from)", where);
+      c->channel = channel_of(c->shared);
+    } else {
+      c->channel = make_channel(Phase::resolve_address, where);
+    }
     c->id = make_id(c->channel, Phase::resolve_address, where);
+    if (c->shared) c->join(o.connection.channel_key);
+    o.connection.channel = nullptr;  // read here only: the caller's may go
     sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
     sockaddr_storage src{};
     if (!o.source_address.empty()) src = to_sockaddr(o.source_address, 0, Phase::resolve_address, where);
@@ -1341,7 +1548,7 @@ struct PendingConnect::Impl {
     try {
       for (;;) {
         std::error_code ec;
-        std::optional<Event> e = next_event(c->channel.get(), Clock::time_point{}, ec);  // never waits
+        std::optional<Event> e = c->next(ec);  // never waits
         if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
         if (!e) {
           if (Clock::now() >= step_deadline) timed_out();
@@ -1356,6 +1563,39 @@ struct PendingConnect::Impl {
     }
   }
 };
+
+EventChannel::EventChannel(SourceLocation where) {
+  rdma_event_channel* ch = new_channel(Phase::connect, where);
+  try {
+    hub_ = std::make_shared<ChannelHub>(ch);
+  } catch (...) {
+    rdma_destroy_event_channel(ch);
+    throw;
+  }
+}
+EventChannel::EventChannel(EventChannel&&) noexcept = default;
+EventChannel& EventChannel::operator=(EventChannel&&) noexcept = default;
+EventChannel::~EventChannel() = default;
+int EventChannel::fd() const noexcept { return hub_ ? hub_->ch->fd : -1; }
+rdma_event_channel* EventChannel::native_handle() const noexcept { return hub_ ? hub_->ch : nullptr; }
+
+std::span<const std::uint64_t> EventChannel::dispatch(std::error_code& ec) noexcept {
+  if (!hub_) {
+    ec = make_error_code(Errc::empty_object);
+    return {};
+  }
+  return hub_->dispatch(ec);
+}
+
+std::span<const std::uint64_t> EventChannel::dispatch(SourceLocation where) {
+  if (!hub_)
+    detail::throw_error(make_error_code(Errc::empty_object), "EventChannel::dispatch: the EventChannel is empty (moved from)",
+                        where);
+  std::error_code ec;
+  const auto keys = hub_->dispatch(ec);
+  if (ec) fail(ec.value(), Phase::established, "EventChannel::dispatch: rdma_get_cm_event", where);
+  return keys;
+}
 
 PendingConnect::PendingConnect(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 PendingConnect::PendingConnect(PendingConnect&&) noexcept = default;
@@ -1480,7 +1720,7 @@ struct PendingAccept::Impl {
     if (!c) fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
     try {
       std::error_code ec;
-      std::optional<Event> e = next_event(c->channel.get(), Clock::time_point{}, ec);  // never waits
+      std::optional<Event> e = c->next(ec);  // never waits
       if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
       if (!e) {
         if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
@@ -1546,7 +1786,13 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
       pending->deadline = deadline_after(pending->budget);
       pending->where = where;
       c = std::make_unique<Connection::Impl>();
-      c->channel = make_channel(Phase::accept, where);
+      if (o.channel != nullptr) {
+        c->shared = ChannelAccess::hub(*o.channel);
+        if (!c->shared) fail(EINVAL, Phase::accept, "ConnectionOptions::channel is empty (moved from)", where);
+        c->channel = channel_of(c->shared);
+      } else {
+        c->channel = make_channel(Phase::accept, where);
+      }
     } catch (...) {
       rdma_reject(req->id, nullptr, 0);
       rdma_destroy_id(req->id);
@@ -1554,6 +1800,14 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
     }
     // (Should the shared_ptr's control block fail to allocate, its deleter destroys the id.)
     c->id = own_id(req->id, c->channel);
+    if (c->shared) {
+      try {
+        c->join(o.channel_key);  // before the id moves there: its events are routed
+      } catch (...) {
+        rdma_reject(req->id, nullptr, 0);
+        throw;
+      }
+    }
     if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
       const int err = errno;
       rdma_reject(req->id, nullptr, 0);

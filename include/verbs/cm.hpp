@@ -92,6 +92,56 @@ class Reject : public std::runtime_error {
   std::shared_ptr<const std::vector<std::byte>> data_;
 };
 
+namespace internal {
+struct ChannelHub;
+struct ChannelAccess;
+}  // namespace internal
+
+/// One rdma_cm event channel (rdma_create_event_channel(3)) for many connections, as rdma-core's
+/// cmtime and UCX use one per worker. By default each connection has a channel of its own: an
+/// open() of the rdma_cm device (and a descriptor) per connection, which for hundreds of
+/// connections at once costs more than the rest of setting one up. Given as
+/// ConnectionOptions::channel to connect() or accept(), the connection's events come through
+/// this one instead, and its fd() is this one's.
+///
+/// Whoever reads the channel hands each event to the connection (or handshake in progress) it is
+/// for: dispatch() here, and every call of a connection on it that reads events (wait(),
+/// poll_events(), PendingConnect::step() ...), so threads waiting on different connections of one
+/// channel work as with channels of their own. For an event loop: watch fd(), call dispatch()
+/// when it is readable, and step() the handshakes whose keys it returns (each connection's
+/// ConnectionOptions::channel_key); for an established connection, call poll_events().
+///
+/// Connections keep the channel alive: it may be destroyed before them. Move-only. One
+/// connection's fd cannot be given to an event loop that watches another's of the same channel
+/// apart (the asio helpers, which watch each fd(), need channels of their own).
+class EventChannel {
+ public:
+  /// A new channel, non-blocking. Throws ConnectError (EMFILE, ENODEV without rdma_cm).
+  explicit EventChannel(SourceLocation where = SourceLocation::current());
+  EventChannel(EventChannel&&) noexcept;             ///< leaves the other empty
+  EventChannel& operator=(EventChannel&&) noexcept;  ///< leaves the other empty
+  EventChannel(const EventChannel&) = delete;
+  EventChannel& operator=(const EventChannel&) = delete;
+  ~EventChannel();
+
+  /// The channel's fd (non-blocking): readable when events wait to be handed over.
+  [[nodiscard]] int fd() const noexcept;
+  /// Reads every pending event without blocking and hands each to its connection; returns the
+  /// channel_key of each connection or handshake that got one since the last dispatch() (here
+  /// or in a connection's own calls), once each, in the order they got it. A key may be of a
+  /// connection that has since been destroyed. The span is valid until the next dispatch(); call
+  /// it from one thread at a time.
+  std::span<const std::uint64_t> dispatch(std::error_code& ec) noexcept;
+  /// As above; throws ConnectError.
+  std::span<const std::uint64_t> dispatch(SourceLocation where = SourceLocation::current());
+  /// The rdma_event_channel (its events are for dispatch(), not to be read around it).
+  [[nodiscard]] rdma_event_channel* native_handle() const noexcept;
+
+ private:
+  friend struct internal::ChannelAccess;
+  std::shared_ptr<internal::ChannelHub> hub_;
+};
+
 /// What ConnectionOptions::before_handshake is given.
 struct Handshake {
   QueuePair& qp;                 ///< in INIT: receives may be posted, sends not yet
@@ -145,6 +195,12 @@ struct ConnectionOptions {
   /// An exception from it ends the connect or accept (the server rejects the request) and
   /// propagates; throw Reject to give the client a reason.
   std::function<void(const Handshake&)> before_handshake{};
+  /// The rdma_cm event channel the connection's events come through (see EventChannel): one
+  /// shared by many connections instead of one of its own. Read only during connect() or
+  /// accept(): the connection shares its ownership.
+  EventChannel* channel = nullptr;
+  /// What EventChannel::dispatch() returns for this connection's events (an index, a pointer).
+  std::uint64_t channel_key = 0;
 };
 
 /// How cm::connect() connects (the client's side; ListenOptions is the server's).
@@ -338,7 +394,8 @@ class Connection {
   void disconnect(SourceLocation where = SourceLocation::current());
 
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
-  /// readable, call poll_events().
+  /// readable, call poll_events(). On an EventChannel (ConnectionOptions::channel), that
+  /// channel's: call its dispatch() and then poll_events() of the connections it names.
   [[nodiscard]] int fd() const noexcept;
   /// The rdma_cm id (for librdmacm calls the wrapper does not cover).
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
@@ -399,6 +456,8 @@ class PendingConnect {
   [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
   ///@}
   /// The rdma_cm event channel's fd (non-blocking): readable when step() has something to do.
+  /// On an EventChannel, that channel's: readable when any connection on it has news (its
+  /// dispatch() says whose).
   [[nodiscard]] int fd() const noexcept;
   /// When the current phase's limit passes: call step() then, if fd() stayed silent.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
@@ -438,7 +497,8 @@ class PendingAccept {
   [[nodiscard]] std::optional<Connection> step();
   [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
   ///@}
-  /// The connection's own event channel fd (non-blocking): readable when step() has news.
+  /// The connection's own event channel fd (non-blocking): readable when step() has news. On an
+  /// EventChannel, that channel's (as PendingConnect::fd()).
   [[nodiscard]] int fd() const noexcept;
   /// When the handshake's limit passes.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;

@@ -1466,6 +1466,176 @@ TEST_F(CmEventLoop, OneThreadConnectsAndAcceptsManyAtOnceWithoutBlocking) {
   }
 }
 
+// Many connections on one EventChannel, driven from one loop over two descriptors (the listener's
+// and the channel's): dispatch() names whose handshake has news, as the keys given. The
+// connections hold no descriptor of their own, each gets its own events (a disconnect ends that
+// connection only), and their data paths are as any connection's.
+TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
+  constexpr std::size_t kPairs = 12;
+  cm::Listener listener(test_addr(), 0, {.backlog = 64});
+  ProtectionDomain pd(*device);
+  CompletionQueue cq(*device, {.depth = 256, .with_channel = true});
+  const int before = open_fds();
+  cm::EventChannel channel;
+  EXPECT_EQ(open_fds(), before + 1);
+  // Keys: i for client i, kPairs + j for the j-th request accepted.
+  std::vector<std::optional<cm::PendingConnect>> connecting(kPairs);
+  for (std::size_t i = 0; i < kPairs; ++i)
+    connecting[i].emplace(cm::start_connect(
+        test_addr(), listener.port(),
+        {.timeout = 30s, .connection = {.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = &channel, .channel_key = i}}));
+  for (const auto& p : connecting) EXPECT_EQ(p->fd(), channel.fd());
+  std::vector<std::optional<cm::PendingAccept>> accepting;
+  std::vector<std::optional<cm::Connection>> clients(kPairs), servers;
+  std::size_t established = 0;
+  std::set<std::uint64_t> named;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (established < 2 * kPairs && std::chrono::steady_clock::now() < deadline) {
+    std::array<pollfd, 2> fds{{{listener.fd(), POLLIN, 0}, {channel.fd(), POLLIN, 0}}};
+    ASSERT_GE(::poll(fds.data(), fds.size(), 100), 0);
+    while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = &channel,
+                                           .channel_key = kPairs + accepting.size()})) {
+      EXPECT_EQ(a->fd(), channel.fd());
+      accepting.emplace_back(std::move(*a));
+      servers.emplace_back();
+    }
+    for (const std::uint64_t key : channel.dispatch()) {
+      named.insert(key);
+      ASSERT_LT(key, kPairs + accepting.size()) << "a key no connection was given";
+      if (key < kPairs) {
+        if (!connecting[key]) continue;
+        if (auto c = connecting[key]->step()) {
+          clients[key] = std::move(c);
+          connecting[key].reset();
+          ++established;
+        }
+      } else if (auto& p = accepting[key - kPairs]; p) {
+        if (auto c = p->step()) {
+          servers[key - kPairs] = std::move(c);
+          p.reset();
+          ++established;
+        }
+      }
+    }
+    // A phase's own limit: step() what has not spoken by its deadline (none should expire here).
+    for (auto& p : connecting)
+      if (p && p->deadline() <= std::chrono::steady_clock::now()) (void)p->step();
+  }
+  ASSERT_EQ(established, 2 * kPairs) << "not all connected within 60 s";
+  EXPECT_EQ(named.size(), 2 * kPairs) << "dispatch() named every connection";
+  EXPECT_EQ(open_fds(), before + 1) << "connections on an EventChannel hold no descriptor of their own";
+
+  // Each pair works: server j receives what its client sends (matched by the peer's port).
+  for (std::size_t i = 0; i < kPairs; ++i) {
+    cm::Connection& client = *clients[i];
+    const auto it = std::find_if(servers.begin(), servers.end(),
+                                 [&](const auto& s) { return s->peer_address() == client.local_address(); });
+    ASSERT_NE(it, servers.end());
+    cm::Connection& server = **it;
+    auto in = MemoryRegion::allocate(server.pd(), 64, Access::local_write);
+    auto out = MemoryRegion::allocate(client.pd(), 64);
+    ASSERT_TRUE(server.qp().post_recv(in.slice(0, 64), 100 + i).ok());
+    ASSERT_TRUE(client.qp().post_send(out.slice(0, 64), {.wr_id = 200 + i}).ok());
+    // One CQ for all: the two completions of this pair, in either order.
+    std::set<std::uint64_t> ids;
+    for (int k = 0; k < 2; ++k) {
+      const auto wc = client.wait_one(cq, 10s);
+      ASSERT_TRUE(wc.has_value()) << "pair " << i;
+      EXPECT_TRUE(wc->ok()) << wc->error_code().message();
+      ids.insert(wc->wr_id());
+    }
+    EXPECT_EQ(ids, (std::set<std::uint64_t>{100 + i, 200 + i}));
+  }
+
+  // Client 3 leaves: its server connection hears, the others do not.
+  const std::string gone_port = clients[3]->local_address();
+  clients[3]->disconnect();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  cm::Connection* left = nullptr;
+  for (auto& s : servers)
+    if (s->peer_address() == gone_port) left = &*s;
+  ASSERT_NE(left, nullptr);
+  while (left->connected() && std::chrono::steady_clock::now() < until) {
+    pollfd p{channel.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 100);
+    (void)channel.dispatch();
+  }
+  EXPECT_FALSE(left->connected()) << "the server connection of the client that left did not hear";
+  EXPECT_FALSE(left->poll_events());
+  for (auto& s : servers)
+    if (&*s != left) {
+      EXPECT_TRUE(s->connected());
+    }
+  for (std::size_t i = 0; i < kPairs; ++i)
+    if (i != 3) {
+      EXPECT_TRUE(clients[i]->connected());
+    }
+}
+
+// A thread asleep in wait() on a connection of an EventChannel wakes when the peer leaves,
+// whichever thread reads the event: here another one calls dispatch() all along.
+TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverReadsTheChannel) {
+  cm::Listener listener(test_addr(), 0);
+  cm::EventChannel channel;
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel, .channel_key = 7}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+  cm::Connection conn = server.get();
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop) {
+      pollfd p{channel.fd(), POLLIN, 0};
+      (void)::poll(&p, 1, 10);
+      std::error_code ec;
+      (void)channel.dispatch(ec);
+    }
+  });
+  auto waited = std::async(std::launch::async, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto e = connect_error([&] { (void)conn.wait_one(conn.recv_cq(), 20s); });
+    return std::pair{e, std::chrono::steady_clock::now() - t0};
+  });
+  std::this_thread::sleep_for(100ms);
+  client.disconnect();
+  const auto [e, took] = waited.get();
+  stop = true;
+  reader.join();
+  ASSERT_TRUE(e) << "the wait returned without an error";
+  EXPECT_EQ(e->code(), std::errc::connection_reset) << e->what();
+  EXPECT_LT(took, 10s);
+}
+
+// Connections keep their EventChannel: it may go first, and they go on (here: their end is
+// heard, through the channel the EventChannel object no longer names).
+TEST_F(CmEventLoop, AConnectionOutlivesItsEventChannelObject) {
+  cm::Listener listener(test_addr(), 0);
+  std::optional<cm::Connection> client, conn;
+  {
+    cm::EventChannel channel;
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel}); });
+    client.emplace(cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = {.channel = &channel}}));
+    conn.emplace(server.get());
+  }
+  EXPECT_TRUE(client->connected());
+  client->disconnect();
+  EXPECT_TRUE(conn->wait_disconnected(10s)) << "the server did not hear the client leave";
+  client.reset();
+  conn.reset();
+}
+
+TEST_F(CmEventLoop, AMovedFromEventChannelIsRefusedSayingSo) {
+  cm::EventChannel channel;
+  cm::EventChannel taken(std::move(channel));
+  EXPECT_EQ(channel.fd(), -1);  // NOLINT(bugprone-use-after-move)
+  std::error_code ec;
+  (void)channel.dispatch(ec);
+  EXPECT_EQ(ec, make_error_code(Errc::empty_object));
+  const auto e = connect_error([&] { (void)cm::start_connect(test_addr(), 9, {.connection = {.channel = &channel}}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::invalid_argument);
+  EXPECT_NE(std::string(e->what()).find("ConnectionOptions::channel is empty"), std::string::npos) << e->what();
+  EXPECT_GE(taken.fd(), 0);
+}
+
 TEST_F(CmEventLoop, APendingConnectToNoListenerFailsInItsConnectPhase) {
   std::uint16_t port = 0;
   {
