@@ -657,7 +657,7 @@ struct Connection::Impl {
   // once (note()), as pump() does on a channel of its own. `inbox_lost`: one could not be kept.
   bool channel_routed = false;
   bool handshaking = true;
-  std::deque<Event> inbox;
+  std::vector<Event> inbox;  // a handshake has an event or two here: no deque's first block
   bool inbox_lost = false;
 
   ~Impl() {
@@ -873,7 +873,7 @@ struct Connection::Impl {
   void on_established() {
     established = true;
     if (!shared) return;
-    std::deque<Event> left;
+    std::vector<Event> left;
     {
       const std::lock_guard lock(shared->mutex);
       handshaking = false;
@@ -940,7 +940,7 @@ struct Connection::Impl {
       if (inbox_lost) ec = std::make_error_code(std::errc::not_enough_memory);
       if (inbox_lost || inbox.empty()) return std::nullopt;
       Event e = std::move(inbox.front());
-      inbox.pop_front();
+      inbox.erase(inbox.begin());
       return e;
     };
     if (auto e = take(); e || ec) return e;  // handed over already (dispatch() read it)

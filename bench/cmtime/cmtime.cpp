@@ -3,15 +3,17 @@
 // side by side. Also what each connection costs in memory and file descriptors, and what is left
 // after teardown.
 //
-//   verbs-cmtime -b ADDR [-p PORT] [-c N]                 server: accepts N connections, waits
-//                                                         for their disconnects, exits
-//   verbs-cmtime -s ADDR [-p PORT] [-c N] [--sequential]  client
+//   verbs-cmtime -b ADDR [-p PORT] [-c N] [--own-channels]                 server: accepts N
+//                                                          connections, waits for their
+//                                                          disconnects, exits
+//   verbs-cmtime -s ADDR [-p PORT] [-c N] [--sequential] [--own-channels]  client
 //
 // The client, by default, starts all N connects at once (cm::start_connect) and drives them from
-// one poll() loop, as cmtime drives its ids from one event channel; --sequential connects them one
-// after the other with cm::connect. Then it disconnects them all, then destroys them. Both sides
-// share one PD and one CQ among the connections (ConnectionOptions::pd, send_cq, recv_cq), and
-// make QPs of one request each way, as cmtime does.
+// one epoll loop; --sequential connects them one after the other with cm::connect. Then it
+// disconnects them all, then destroys them. Both sides share one PD and one CQ among the
+// connections (ConnectionOptions::pd, send_cq, recv_cq), make QPs of one request each way, and
+// put every connection on one rdma_cm event channel (cm::EventChannel), as cmtime does;
+// --own-channels gives each connection a channel of its own instead (the library's default).
 //
 // The client times a cold round, as cmtime does (the PD and CQ are made inside it, as cmtime's
 // first "create qp" makes its own), then runs a second round for the memory and descriptors each
@@ -64,14 +66,15 @@ struct Args {
   std::uint16_t port = 7471;
   int conns = 100;  // cmtime's default
   bool sequential = false;
+  bool own_channels = false;  // --own-channels: no EventChannel
   std::chrono::seconds timeout{60};
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "verbs-cmtime: %s\n"
-               "usage: verbs-cmtime -b ADDR [-p PORT] [-c N] [--timeout S]          (server)\n"
-               "       verbs-cmtime -s ADDR [-p PORT] [-c N] [--sequential] [--timeout S]  (client)\n",
+               "usage: verbs-cmtime -b ADDR [-p PORT] [-c N] [--own-channels] [--timeout S]  (server)\n"
+               "       verbs-cmtime -s ADDR [-p PORT] [-c N] [--sequential] [--own-channels] [--timeout S]  (client)\n",
                why);
   std::exit(64);
 }
@@ -128,6 +131,7 @@ Args parse(int argc, char** argv) {
     else if (o == "-p") a.port = number<std::uint16_t>(value(), "-p", 1, 65535);
     else if (o == "-c") a.conns = number<int>(value(), "-c", 1, 65536);
     else if (o == "--sequential") a.sequential = true;
+    else if (o == "--own-channels") a.own_channels = true;
     else if (o == "--timeout") a.timeout = std::chrono::seconds(number<int>(value(), "--timeout", 1, 86400));
     else usage(("unknown option " + std::string(o)).c_str());
   }
@@ -222,14 +226,22 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
   }
   std::vector<std::optional<verbs::cm::PendingConnect>> pending(n);
   std::vector<std::optional<verbs::cm::Connection>> done(n);
+  verbs::cm::ClientOptions each = opts;
   for (std::size_t i = 0; i < n; ++i) {
+    each.connection.channel_key = i;
     steps[kResolveAddr].start[i] = steps[kFull].start[i] = Clock::now();
-    pending[i].emplace(verbs::cm::start_connect(a.server, a.port, opts));
+    pending[i].emplace(verbs::cm::start_connect(a.server, a.port, each));
   }
   // One epoll set: each wake touches only the connections that have news (poll() over every fd,
-  // or a step() of each, would cost O(N) per event).
+  // or a step() of each, would cost O(N) per event). On one EventChannel, its fd alone, and its
+  // dispatch() names them.
+  verbs::cm::EventChannel* channel = opts.connection.channel;
+  constexpr std::size_t kChannel = ~std::size_t{0};
   Epoll ep;
-  for (std::size_t i = 0; i < n; ++i) ep.add(pending[i]->fd(), i);
+  if (channel != nullptr)
+    ep.add(channel->fd(), kChannel);
+  else
+    for (std::size_t i = 0; i < n; ++i) ep.add(pending[i]->fd(), i);
   std::size_t left = n;
   auto next_deadline_check = Clock::now();
   std::vector<std::size_t> ready;
@@ -237,6 +249,10 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
     const auto now = Clock::now();
     if (now > limit) throw std::runtime_error("connections not established within --timeout");
     ready = ep.wait(100ms);
+    if (!ready.empty() && ready.front() == kChannel) {
+      ready.clear();
+      for (const std::uint64_t key : channel->dispatch()) ready.push_back(static_cast<std::size_t>(key));
+    }
     if (now >= next_deadline_check) {  // a phase's own limit: step() it then, readable or not
       for (std::size_t i = 0; i < n; ++i)
         if (pending[i] && pending[i]->deadline() <= now) ready.push_back(i);
@@ -257,7 +273,7 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
       if (p == verbs::cm::Phase::connect || c) passed(kRouteQpReq);
       if (c) {
         steps[kConnect].end[i] = steps[kFull].end[i] = t;
-        ep.remove(pending[i]->fd());
+        if (channel == nullptr) ep.remove(pending[i]->fd());
         done[i] = std::move(c);
         pending[i].reset();
         --left;
@@ -290,18 +306,22 @@ int client(const Args& a) {
   std::vector<Step> steps = new_steps(n);
   std::vector<verbs::cm::Connection> conns;
   conns.reserve(n);
+  std::optional<verbs::cm::EventChannel> channel;  // made before the clock starts, as cmtime's
+  if (!a.own_channels) channel.emplace();
   // Timed as cmtime times its own: from a cold start (its first "create qp" makes its PD and CQ).
   const auto t0 = Clock::now();
   const verbs::ProtectionDomain pd(dev);
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
-  const verbs::cm::ClientOptions opts{.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(a.timeout),
-                                      .connection = shared_options(pd, cq)};
+  verbs::cm::ClientOptions opts{.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(a.timeout),
+                                .connection = shared_options(pd, cq)};
+  if (channel) opts.connection.channel = &*channel;
   establish(a, opts, limit, steps, conns);
   const auto t1 = Clock::now();
   tear_down(steps, conns);
   if (a.sequential) steps.erase(steps.begin(), steps.begin() + kDisconnect);  // one call: no steps apart
-  std::printf("verbs-cmtime: %d connections to %s port %u, %s\n", a.conns, a.server.c_str(), a.port,
-              a.sequential ? "one after the other (cm::connect)" : "all at once (cm::start_connect, one poll loop)");
+  std::printf("verbs-cmtime: %d connections to %s port %u, %s, %s\n", a.conns, a.server.c_str(), a.port,
+              a.sequential ? "one after the other (cm::connect)" : "all at once (cm::start_connect, one epoll loop)",
+              a.own_channels ? "each on an event channel of its own" : "all on one cm::EventChannel");
   print_steps(steps, a.conns);
   std::printf("connections/s  %.1f   (%d in %.2f ms, the PD and CQ made first included)\n",
               a.conns / (us(t1 - t0) / 1e6), a.conns, us(t1 - t0) / 1000);
@@ -323,15 +343,24 @@ int server(const Args& a) {
   const verbs::Device dev = listener.device();
   const verbs::ProtectionDomain pd(dev);
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
-  const auto opts = shared_options(pd, cq);
-  std::printf("verbs-cmtime: listening on %s port %u for %d connections, twice\n", a.bind.c_str(), a.port, a.conns);
+  auto opts = shared_options(pd, cq);
+  std::optional<verbs::cm::EventChannel> channel;
+  if (!a.own_channels) {
+    channel.emplace();
+    opts.channel = &*channel;
+  }
+  std::printf("verbs-cmtime: listening on %s port %u for %d connections, twice, %s\n", a.bind.c_str(), a.port,
+              a.conns, a.own_channels ? "each on an event channel of its own" : "all on one cm::EventChannel");
   std::fflush(stdout);
-  // Pending handshakes by a key of their own; one epoll set for them and the listener (key 0).
+  // Pending handshakes by a key of their own (their channel_key); one epoll set for them (or
+  // their EventChannel) and the listener (key 0).
   std::vector<std::optional<verbs::cm::PendingAccept>> pending(1);
   std::vector<verbs::cm::Connection> conns;
   conns.reserve(static_cast<std::size_t>(a.conns));
+  constexpr std::size_t kChannel = ~std::size_t{0};
   Epoll ep;
   ep.add(listener.fd(), 0);
+  if (channel) ep.add(channel->fd(), kChannel);
   // The client's two rounds: the timed one, then the one whose memory and descriptors count.
   const auto round = [&] {
     auto next_deadline_check = Clock::now();
@@ -339,6 +368,10 @@ int server(const Args& a) {
       const auto now = Clock::now();
       if (now > limit) throw std::runtime_error("connections not accepted within --timeout");
       std::vector<std::size_t> ready = ep.wait(100ms);
+      if (channel && std::find(ready.begin(), ready.end(), kChannel) != ready.end()) {
+        std::erase(ready, kChannel);
+        for (const std::uint64_t key : channel->dispatch()) ready.push_back(static_cast<std::size_t>(key));
+      }
       if (now >= next_deadline_check) {
         for (std::size_t k = 1; k < pending.size(); ++k)
           if (pending[k] && pending[k]->deadline() <= now) ready.push_back(k);
@@ -346,13 +379,16 @@ int server(const Args& a) {
       }
       for (const std::size_t k : ready) {
         if (k == 0) {
-          while (auto p = listener.start_accept(opts)) {
-            ep.add(p->fd(), pending.size());
+          for (;;) {
+            opts.channel_key = pending.size();
+            auto p = listener.start_accept(opts);
+            if (!p) break;
+            if (!channel) ep.add(p->fd(), pending.size());
             pending.emplace_back(std::move(*p));
           }
-        } else if (pending[k]) {
+        } else if (k < pending.size() && pending[k]) {
           if (auto c = pending[k]->step()) {
-            ep.remove(pending[k]->fd());
+            if (!channel) ep.remove(pending[k]->fd());
             conns.push_back(std::move(*c));
             pending[k].reset();
           }
@@ -381,8 +417,9 @@ int server(const Args& a) {
 
 int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
-  // Each connection holds 4 descriptors (its rdma_cm event channel and three eventfds); the usual
-  // soft limit of 1024 ends a process near 250 connections. Raise it as far as allowed.
+  // With --own-channels each connection holds a descriptor (its rdma_cm event channel), and a
+  // thread that sleeps on it two more; the usual soft limit of 1024 ends a process near 1000
+  // connections. Raise it as far as allowed.
   rlimit nofile{};
   if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
     nofile.rlim_cur = nofile.rlim_max;
