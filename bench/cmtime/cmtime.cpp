@@ -303,6 +303,12 @@ int client(const Args& a) {
   const auto limit = Clock::now() + a.timeout;
   const auto n = static_cast<std::size_t>(a.conns);
   const verbs::Device dev = verbs::cm::device_to(a.server);
+  // cmtime resolves the server's address with rdma_getaddrinfo(3) before its clock starts, which
+  // also makes librdmacm look for ibacm (a file and a socket) once per process; so does this.
+  rdma_addrinfo hints{};
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* info = nullptr;
+  if (::rdma_getaddrinfo(a.server.c_str(), std::to_string(a.port).c_str(), &hints, &info) == 0) ::rdma_freeaddrinfo(info);
   std::vector<Step> steps = new_steps(n);
   std::vector<verbs::cm::Connection> conns;
   conns.reserve(n);
