@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -475,12 +476,35 @@ struct ChannelHub {
     bool listed = false;  // its key is in `ready`
   };
 
-  explicit ChannelHub(rdma_event_channel* c) noexcept : ch(c) {}
+  /// Takes `c`; throws ConnectError (epoll_create1, eventfd), destroying it.
+  ChannelHub(rdma_event_channel* c, SourceLocation where) : ch(c) {
+    notify_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    if (notify_fd < 0 || epoll_fd < 0 || ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, ch->fd, &e) != 0 ||
+        ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, notify_fd, &e) != 0) {
+      const int err = errno;
+      close_all();
+      fail(err, Phase::connect, "EventChannel: epoll_create1 or eventfd", where);
+    }
+  }
   ChannelHub(const ChannelHub&) = delete;
   ChannelHub& operator=(const ChannelHub&) = delete;
-  ~ChannelHub() { rdma_destroy_event_channel(ch); }
+  ~ChannelHub() { close_all(); }
+  void close_all() noexcept {
+    if (epoll_fd >= 0) ::close(epoll_fd);
+    if (notify_fd >= 0) ::close(notify_fd);
+    rdma_destroy_event_channel(ch);
+  }
 
   rdma_event_channel* const ch;
+  // What EventChannel::fd() gives: an epoll set over the channel's fd and `notify_fd`, which is
+  // readable while `ready` names something. A thread that reads the channel for its own wait
+  // (any connection's wait(), a blocking connect()) takes the channel's readiness with the
+  // events; the keys it lists keep the event loop's fd readable until dispatch() takes them.
+  int notify_fd = -1;
+  int epoll_fd = -1;
   std::mutex mutex;
   std::unordered_map<const rdma_cm_id*, Route> routes;
   std::vector<std::pair<const rdma_cm_id*, std::uint64_t>> ready;  // routes with news, in order
@@ -527,6 +551,8 @@ struct ChannelHub {
         try {
           ready.emplace_back(id, r.key);
           r.listed = true;
+          const std::uint64_t one = 1;
+          (void)!::write(notify_fd, &one, sizeof one);
         } catch (const std::bad_alloc&) {
           // Not listed: dispatch() will not name it; its connection has the event all the same.
         }
@@ -538,6 +564,8 @@ struct ChannelHub {
     pump(ec);
     if (ec) return {};
     const std::lock_guard lock(mutex);
+    std::uint64_t n = 0;
+    (void)!::read(notify_fd, &n, sizeof n);  // `ready` is taken now; a later listing writes it again
     handed.clear();
     try {
       handed.reserve(ready.size());
@@ -659,6 +687,9 @@ struct Connection::Impl {
   bool handshaking = true;
   std::vector<Event> inbox;  // a handshake has an event or two here: no deque's first block
   bool inbox_lost = false;
+  // Written by deliver() with each event it keeps: made by a blocking connect() or accept()
+  // before it sleeps (wait_handshake()), since another thread may read its event off the channel.
+  int inbox_fd = -1;
 
   ~Impl() {
     // Out of the hubs first: their routes must not be called with this Impl half destroyed.
@@ -674,6 +705,7 @@ struct Connection::Impl {
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
     if (const int fd = over_fd.load(); fd >= 0) ::close(fd);
     if (const int fd = gone_fd.load(); fd >= 0) ::close(fd);
+    if (inbox_fd >= 0) ::close(inbox_fd);
   }
 
   /// The eventfd in `slot`, made now if no thread made it yet; -1 with errno set on failure.
@@ -922,6 +954,37 @@ struct Connection::Impl {
     } catch (const std::bad_alloc&) {
       c.inbox_lost = true;
     }
+    if (c.inbox_fd >= 0) {
+      const std::uint64_t one = 1;
+      (void)!::write(c.inbox_fd, &one, sizeof one);
+    }
+  }
+
+  /// The fd an event loop watches: the channel's, or the EventChannel's (EventChannel::fd()).
+  [[nodiscard]] int user_fd() const noexcept { return shared ? shared->epoll_fd : channel->fd; }
+
+  /// Sleeps until the handshake may have news, or `deadline`: for connect() and accept(), which
+  /// step() when it returns. On an EventChannel, another thread may have taken the handshake's
+  /// event off the channel and kept it in `inbox`: it writes inbox_fd, made here before the
+  /// inbox is looked at (under the hub's lock, as deliver() runs), so neither can be missed.
+  void wait_handshake(Clock::time_point deadline, Phase phase, SourceLocation where) {
+    if (!shared) {
+      wait_readable(channel->fd, deadline, phase, where);
+      return;
+    }
+    {
+      const std::lock_guard lock(shared->mutex);
+      if (inbox_fd < 0) {
+        inbox_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (inbox_fd < 0) fail(errno, phase, "eventfd", where);
+      }
+      if (!inbox.empty() || inbox_lost) return;
+    }
+    std::array<pollfd, 2> fds{{{channel->fd, POLLIN, 0}, {inbox_fd, POLLIN, 0}}};
+    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
+      fail(errno, phase, "poll", where);
+    std::uint64_t n = 0;
+    (void)!::read(inbox_fd, &n, sizeof n);  // what it says is in the inbox, which step() reads next
   }
 
   /// Joins the routes of `shared` (the id is made or migrated there by the caller).
@@ -1259,7 +1322,7 @@ bool Connection::connected() const noexcept {
   return impl_->established && !impl_->over();
 }
 bool Connection::address_changed() const noexcept { return impl_->address_changed; }
-int Connection::fd() const noexcept { return impl_->channel->fd; }
+int Connection::fd() const noexcept { return impl_->user_fd(); }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
 
 bool Connection::poll_events(SourceLocation where) {
@@ -1566,17 +1629,19 @@ struct PendingConnect::Impl {
 
 EventChannel::EventChannel(SourceLocation where) {
   rdma_event_channel* ch = new_channel(Phase::connect, where);
+  std::unique_ptr<ChannelHub> hub;
   try {
-    hub_ = std::make_shared<ChannelHub>(ch);
-  } catch (...) {
+    hub = std::make_unique<ChannelHub>(ch, where);  // on failure it destroyed the channel
+  } catch (const std::bad_alloc&) {
     rdma_destroy_event_channel(ch);
     throw;
   }
+  hub_ = std::move(hub);
 }
 EventChannel::EventChannel(EventChannel&&) noexcept = default;
 EventChannel& EventChannel::operator=(EventChannel&&) noexcept = default;
 EventChannel::~EventChannel() = default;
-int EventChannel::fd() const noexcept { return hub_ ? hub_->ch->fd : -1; }
+int EventChannel::fd() const noexcept { return hub_ ? hub_->epoll_fd : -1; }
 rdma_event_channel* EventChannel::native_handle() const noexcept { return hub_ ? hub_->ch : nullptr; }
 
 std::span<const std::uint64_t> EventChannel::dispatch(std::error_code& ec) noexcept {
@@ -1611,7 +1676,7 @@ std::optional<Connection> PendingConnect::step() {
 
 std::optional<Connection> PendingConnect::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
 
-int PendingConnect::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
+int PendingConnect::fd() const noexcept { return impl_ && impl_->c ? impl_->c->user_fd() : -1; }
 std::chrono::steady_clock::time_point PendingConnect::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->step_deadline; }
 Phase PendingConnect::phase() const noexcept { return impl_ ? impl_->phase : Phase::connect; }
 
@@ -1629,7 +1694,7 @@ Connection connect(std::string_view host, std::uint16_t port, const ClientOption
   PendingConnect pending = start_connect(host, port, o, where);
   for (;;) {
     if (auto c = pending.step()) return std::move(*c);
-    wait_readable(pending.fd(), pending.deadline(), pending.phase(), where);
+    pending.impl_->c->wait_handshake(pending.deadline(), pending.phase(), where);
   }
 }
 
@@ -1757,7 +1822,7 @@ std::optional<Connection> PendingAccept::step() {
 
 std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
 
-int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->channel->fd : -1; }
+int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->user_fd() : -1; }
 std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->deadline; }
 
 std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
@@ -1861,7 +1926,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     if (std::optional<PendingAccept> pending = start_accept(o, where)) {
       for (;;) {
         if (auto c = pending->step()) return std::move(*c);
-        wait_readable(pending->fd(), pending->deadline(), Phase::accept, where);
+        pending->impl_->c->wait_handshake(pending->deadline(), Phase::accept, where);
       }
     }
     if (Clock::now() >= deadline)

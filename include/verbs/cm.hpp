@@ -107,9 +107,11 @@ struct ChannelAccess;
 /// Whoever reads the channel hands each event to the connection (or handshake in progress) it is
 /// for: dispatch() here, and every call of a connection on it that reads events (wait(),
 /// poll_events(), PendingConnect::step() ...), so threads waiting on different connections of one
-/// channel work as with channels of their own. For an event loop: watch fd(), call dispatch()
-/// when it is readable, and step() the handshakes whose keys it returns (each connection's
-/// ConnectionOptions::channel_key); for an established connection, call poll_events().
+/// channel (wait(), a blocking connect() or accept()) work as with channels of their own. For an
+/// event loop: watch fd(), call dispatch() when it is readable, and step() the handshakes whose
+/// keys it returns (each connection's ConnectionOptions::channel_key); for an established
+/// connection, call poll_events(). fd() stays readable while keys wait for dispatch(), also those
+/// that another thread's read of the channel listed: a loop that does not call dispatch() spins.
 ///
 /// Connections keep the channel alive: it may be destroyed before them. Move-only. One
 /// connection's fd cannot be given to an event loop that watches another's of the same channel
@@ -124,7 +126,8 @@ class EventChannel {
   EventChannel& operator=(const EventChannel&) = delete;
   ~EventChannel();
 
-  /// The channel's fd (non-blocking): readable when events wait to be handed over.
+  /// An fd for an event loop (an epoll set over the channel's): readable when events wait to be
+  /// read, or keys wait for dispatch().
   [[nodiscard]] int fd() const noexcept;
   /// Reads every pending event without blocking and hands each to its connection; returns the
   /// channel_key of each connection or handshake that got one since the last dispatch() (here
@@ -466,6 +469,7 @@ class PendingConnect {
 
  private:
   friend PendingConnect start_connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
+  friend Connection connect(std::string_view, std::uint16_t, const ClientOptions&, SourceLocation);
   struct Impl;
   explicit PendingConnect(std::unique_ptr<Impl> impl) noexcept;
   std::unique_ptr<Impl> impl_;

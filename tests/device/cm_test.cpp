@@ -1477,7 +1477,8 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
   CompletionQueue cq(*device, {.depth = 256, .with_channel = true});
   const int before = open_fds();
   cm::EventChannel channel;
-  EXPECT_EQ(open_fds(), before + 1);
+  const int channel_fds = open_fds() - before;  // the rdma_cm channel, the epoll set fd() is, an eventfd
+  EXPECT_EQ(channel_fds, 3);
   // Keys: i for client i, kPairs + j for the j-th request accepted.
   std::vector<std::optional<cm::PendingConnect>> connecting(kPairs);
   for (std::size_t i = 0; i < kPairs; ++i)
@@ -1523,7 +1524,7 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
   }
   ASSERT_EQ(established, 2 * kPairs) << "not all connected within 60 s";
   EXPECT_EQ(named.size(), 2 * kPairs) << "dispatch() named every connection";
-  EXPECT_EQ(open_fds(), before + 1) << "connections on an EventChannel hold no descriptor of their own";
+  EXPECT_EQ(open_fds(), before + channel_fds) << "connections on an EventChannel hold no descriptor of their own";
 
   // Each pair works: server j receives what its client sends (matched by the peer's port).
   for (std::size_t i = 0; i < kPairs; ++i) {
@@ -1602,6 +1603,74 @@ TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverRea
   ASSERT_TRUE(e) << "the wait returned without an error";
   EXPECT_EQ(e->code(), std::errc::connection_reset) << e->what();
   EXPECT_LT(took, 10s);
+}
+
+// A blocking connect() and accept() on an EventChannel that another thread reads all along: the
+// reader takes their events off the channel and keeps them for them, which must wake them at
+// once, not at their phase's deadline (3 s here). Five in a row, so that the reader wins some.
+TEST_F(CmEventLoop, ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffTheirChannel) {
+  cm::Listener listener(test_addr(), 0);
+  cm::EventChannel channel;
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop) {
+      pollfd p{channel.fd(), POLLIN, 0};
+      (void)::poll(&p, 1, 1);
+      std::error_code ec;
+      (void)channel.dispatch(ec);
+    }
+  });
+  std::chrono::steady_clock::duration longest{};
+  std::vector<cm::Connection> kept;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel}); });
+    std::optional<cm::Connection> client;
+    const auto e = thrown_by<cm::ConnectError>([&] {
+      client.emplace(cm::connect(test_addr(), listener.port(),
+                                 {.timeout = 10s, .resolve_timeout = 3s, .connection = {.channel = &channel}}));
+    });
+    std::optional<cm::Connection> conn;
+    const auto se = thrown_by<cm::ConnectError>([&] { conn.emplace(server.get()); });
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+    ASSERT_FALSE(e) << e->what();
+    ASSERT_FALSE(se) << se->what();
+    kept.push_back(std::move(*client));
+    kept.push_back(std::move(*conn));
+  }
+  stop = true;
+  reader.join();
+  EXPECT_LT(longest, 2s) << "a connect or accept slept until its deadline: "
+                         << std::chrono::duration<double>(longest).count() << " s";
+}
+
+// A call of one connection that reads the channel (poll_events()) takes another's event off it:
+// the EventChannel's fd stays readable until dispatch() has named that other connection.
+TEST_F(CmEventLoop, AnEventChannelsFdStaysReadableUntilDispatchNamesWhatAnotherCallRead) {
+  cm::Listener listener(test_addr(), 0);
+  cm::EventChannel channel;
+  const auto pair = [&](std::uint64_t key) {
+    auto server = std::async(std::launch::async,
+                             [&] { return listener.accept(10s, {.channel = &channel, .channel_key = key}); });
+    cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+    return std::pair{std::move(client), server.get()};
+  };
+  auto [client_a, server_a] = pair(1);
+  auto [client_b, server_b] = pair(2);
+  (void)channel.dispatch();  // the handshakes' own
+  client_b.disconnect();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (server_b.connected() && std::chrono::steady_clock::now() < until) {
+    (void)server_a.poll_events();  // reads the channel: b's DISCONNECTED is handed to b
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(server_b.connected()) << "b's disconnect was not handed to b";
+  pollfd p{channel.fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "an event loop watching the channel would not hear that b has news";
+  const auto keys = channel.dispatch();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), 2U), keys.end()) << "dispatch() did not name b";
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "still readable once dispatch() took what there was";
+  EXPECT_TRUE(server_a.connected());
 }
 
 // Connections keep their EventChannel: it may go first, and they go on (here: their end is
