@@ -215,7 +215,15 @@ class Device {
   ///@{
   /// Move-only: the moved-from Device is empty.
   Device(Device&&) noexcept = default;
-  Device& operator=(Device&&) noexcept = default;
+  Device& operator=(Device&& o) noexcept {
+    // The hub first: it is registered by the context's address, and must be gone before the
+    // context can close (and its address be given to another).
+    hub_ = std::move(o.hub_);
+    ctx_ = std::move(o.ctx_);
+    name_ = std::move(o.name_);
+    attr_ = o.attr_;
+    return *this;
+  }
   ///@}
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

@@ -207,6 +207,24 @@ struct StubAsyncFd {
 
 void on_signal(int) {}
 
+// Moving a Device onto another lets go of the old context's hub before the old context: a
+// context closed while its hub is still registered (by context address) could hand that hub, and
+// the device attributes it keeps, to a new context opened at the same address.
+TEST(DeviceAdopt, MoveAssignmentReleasesTheOldHubBeforeTheOldContext) {
+  verbs_stub::Provider old_stub;
+  verbs_stub::Provider new_stub;
+  std::optional<bool> hub_gone_first;
+  verbs::Device a = verbs::Device::adopt(std::shared_ptr<ibv_context>(&old_stub.vctx.context, [&](ibv_context* c) {
+    const int before = old_stub.device_queries;
+    (void)verbs::detail::device_attributes(c, verbs::SourceLocation::current());
+    hub_gone_first = old_stub.device_queries == before + 1;  // no hub kept them: the device was asked
+  }));
+  verbs::Device b = new_stub.device_handle();
+  a = std::move(b);
+  ASSERT_TRUE(hub_gone_first.has_value()) << "the old context was not released";
+  EXPECT_TRUE(*hub_gone_first) << "the old context was released while its hub was still registered";
+}
+
 TEST(DeviceAdopt, AdoptingMakesTheAsyncFdNonBlocking) {
   StubAsyncFd s;
   ASSERT_EQ(::fcntl(s.fds[0], F_GETFL) & O_NONBLOCK, 0);
