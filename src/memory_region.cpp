@@ -65,8 +65,7 @@ void check_access(AccessFlags access, ibv_context* context, const char* what, So
                             "addresses, register at Iova{0}: ibv_reg_mr_iova2(3))",
                         where);
   if (access & Access::on_demand) {
-    ibv_device_attr_ex dev{};
-    detail::check_rc(ibv_query_device_ex(context, nullptr, &dev), "ibv_query_device_ex", where);
+    const ibv_device_attr_ex dev = detail::device_attributes(context, where);
     if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0)
       detail::throw_errno(EOPNOTSUPP,
                           std::string(what) +
@@ -133,8 +132,8 @@ MemoryRegion MemoryRegion::implicit_on_demand(const ProtectionDomain& pd, Access
                             where);
   access |= Access::on_demand;
   check_access(access, pd.native_handle()->context, "MemoryRegion::implicit_on_demand", where);
-  ibv_device_attr_ex dev{};
-  detail::check_rc(ibv_query_device_ex(pd.native_handle()->context, nullptr, &dev), "ibv_query_device_ex", where);
+  // Kept by the context's hub while a Device lives: check_access's query above is the same.
+  const ibv_device_attr_ex dev = detail::device_attributes(pd.native_handle()->context, where);
   if ((dev.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) == 0)
     detail::throw_errno(EOPNOTSUPP,
                         "MemoryRegion::implicit_on_demand: the device has no implicit on-demand paging "
