@@ -1246,8 +1246,20 @@ TEST_F(Cm, QpReportsTheGidRdmaCmResolved) {
   if (device->choose_gid(1).entry.index == ll->index) GTEST_SKIP() << "choose_gid picks the link-local GID here";
   const std::string addr = ll->gid.to_string() + "%" + ll->netdev;
   cm::Listener listener(addr, 0);
-  auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
-  cm::Connection client = cm::connect(addr, listener.port(), {.timeout = 10s});
+  auto server = std::async(std::launch::async, [&] { return listener.accept(20s); });
+  // Right after the host comes up the link-local address may still be tentative (IPv6 duplicate
+  // address detection, a second or two): resolving from it fails with EADDRNOTAVAIL until then.
+  std::optional<cm::Connection> connected;
+  for (const auto until = std::chrono::steady_clock::now() + 10s;;) {
+    const auto e = thrown_by<cm::ConnectError>(
+        [&] { connected.emplace(cm::connect(addr, listener.port(), {.timeout = 10s})); });
+    if (connected) break;
+    ASSERT_TRUE(e && e->code() == std::errc::address_not_available && e->phase() == Phase::resolve_address &&
+                std::chrono::steady_clock::now() < until)
+        << (e ? e->what() : "no connection and no error");
+    std::this_thread::sleep_for(100ms);
+  }
+  cm::Connection& client = *connected;
   cm::Connection conn = server.get();
   for (cm::Connection* c : {&client, &conn}) {
     EXPECT_EQ(c->qp().gid_index(), ll->index) << addr;
@@ -1383,7 +1395,8 @@ TEST_F(Cm, AConnectionHoldsOnlyItsEventChannelUntilAThreadSleepsOnIt) {
   EXPECT_EQ(open_fds() - before, 8) << "4 connections, both sides in this process: one rdma_cm channel each";
 
   // A receive, a send, and a wait that sleeps (nothing is there yet when it starts).
-  auto& [client, conn] = pairs[1];
+  cm::Connection& client = pairs[1].first;  // not a structured binding: clang 14 cannot capture one
+  cm::Connection& conn = pairs[1].second;
   auto in = MemoryRegion::allocate(conn.pd(), 64, Access::local_write);
   auto out = MemoryRegion::allocate(client.pd(), 64);
   ASSERT_TRUE(conn.qp().post_recv(in.slice(0, 64), 11).ok());
