@@ -58,9 +58,7 @@ bool kernel_has_rdma() {
 
 std::shared_ptr<ibv_context> open_context(ibv_device* dev, SourceLocation where) {
   ibv_context* ctx = detail::check_ptr(ibv_open_device(dev), "ibv_open_device", where);
-  // Non-blocking async fd, so wait_async_event can poll it with a timeout.
-  const int fl = ::fcntl(ctx->async_fd, F_GETFL);
-  if (fl >= 0) (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+  // (Its async fd is made non-blocking by the context's AsyncHub, which every Device has.)
   return {ctx, [](ibv_context* c) { ibv_close_device(c); }};
 }
 
@@ -241,9 +239,8 @@ Device Device::open_first(SourceLocation where) {
 Device Device::adopt(std::shared_ptr<ibv_context> ctx) {
   if (!ctx)
     detail::throw_error(make_error_code(Errc::bad_argument), "Device::adopt: no context", SourceLocation::current());
-  // Non-blocking, as a Device opened here is: wait_async_event polls it with a timeout.
-  if (const int fl = ::fcntl(ctx->async_fd, F_GETFL); fl >= 0 && (fl & O_NONBLOCK) == 0)
-    (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+  // Its async fd is made non-blocking, as a Device opened here has it, by the context's AsyncHub
+  // (once per context: the cm code adopts its id's context for every connection).
   std::string name = ibv_get_device_name(ctx->device);
   return Device(std::move(ctx), std::move(name));
 }
@@ -584,6 +581,9 @@ std::string_view async_event_type_name(ibv_event_type type) noexcept {
 }
 
 AsyncHub::AsyncHub(std::shared_ptr<ibv_context> ctx) : ctx_(ctx.get()) {
+  // Non-blocking async fd, so that wait_async_event can poll it with a timeout.
+  if (const int fl = ::fcntl(ctx->async_fd, F_GETFL); fl >= 0 && (fl & O_NONBLOCK) == 0)
+    (void)::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) throw_errno(errno, "epoll_create1 (the device's async_fd)", SourceLocation::current());
   kept_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
