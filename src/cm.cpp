@@ -500,9 +500,10 @@ struct ChannelHub {
 
   rdma_event_channel* const ch;
   // What EventChannel::fd() gives: an epoll set over the channel's fd and `notify_fd`, which is
-  // readable while `ready` names something. A thread that reads the channel for its own wait
-  // (any connection's wait(), a blocking connect()) takes the channel's readiness with the
-  // events; the keys it lists keep the event loop's fd readable until dispatch() takes them.
+  // readable while `ready` names something another thread listed. A thread that reads the
+  // channel for its own wait (any connection's wait(), a blocking connect()) takes the channel's
+  // readiness with the events; the keys it lists keep the event loop's fd readable until
+  // dispatch() takes them. What dispatch() lists itself it returns in the same call.
   int notify_fd = -1;
   int epoll_fd = -1;
   std::mutex mutex;
@@ -526,8 +527,52 @@ struct ChannelHub {
   }
   /// Reads every pending event and hands each to its id's route. Sets `ec` on failure.
   void pump(std::error_code& ec) noexcept {
-    ec.clear();
     const std::lock_guard lock(mutex);
+    pump_locked(ec, false);
+  }
+  /// pump(), then the keys of the routes with news since the last call.
+  std::span<const std::uint64_t> dispatch(std::error_code& ec) noexcept {
+    const std::lock_guard lock(mutex);
+    // What this call lists it returns at once: `notify_fd` is written only for what another
+    // thread's pump() lists (two syscalls per call saved, the common case of an event loop).
+    pump_locked(ec, true);
+    if (!ec) {
+      handed.clear();
+      try {
+        handed.reserve(ready.size());
+      } catch (const std::bad_alloc&) {
+        ec = std::make_error_code(std::errc::not_enough_memory);
+      }
+    }
+    if (ec) {  // what was listed stays for the next call: the fd must say so
+      if (!ready.empty()) notify();
+      return {};
+    }
+    if (notified) {  // `ready` is taken now; a later listing writes it again
+      std::uint64_t n = 0;
+      (void)!::read(notify_fd, &n, sizeof n);
+      notified = false;
+    }
+    for (const auto& [id, key] : ready) {
+      handed.push_back(key);
+      if (const auto it = routes.find(id); it != routes.end()) it->second.listed = false;
+    }
+    ready.clear();
+    return handed;
+  }
+
+ private:
+  bool notified = false;  // `notify_fd` was written since dispatch() last read it (under `mutex`)
+
+  void notify() noexcept {
+    if (notified) return;
+    const std::uint64_t one = 1;
+    (void)!::write(notify_fd, &one, sizeof one);
+    notified = true;
+  }
+  /// pump() under `mutex`; `for_dispatch`: the caller takes what is listed before unlocking.
+  void pump_locked(std::error_code& ec, bool for_dispatch) noexcept {
+    ec.clear();
     for (;;) {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(ch, &ev) != 0) {
@@ -551,34 +596,12 @@ struct ChannelHub {
         try {
           ready.emplace_back(id, r.key);
           r.listed = true;
-          const std::uint64_t one = 1;
-          (void)!::write(notify_fd, &one, sizeof one);
+          if (!for_dispatch) notify();
         } catch (const std::bad_alloc&) {
           // Not listed: dispatch() will not name it; its connection has the event all the same.
         }
       }
     }
-  }
-  /// pump(), then the keys of the routes with news since the last call.
-  std::span<const std::uint64_t> dispatch(std::error_code& ec) noexcept {
-    pump(ec);
-    if (ec) return {};
-    const std::lock_guard lock(mutex);
-    std::uint64_t n = 0;
-    (void)!::read(notify_fd, &n, sizeof n);  // `ready` is taken now; a later listing writes it again
-    handed.clear();
-    try {
-      handed.reserve(ready.size());
-    } catch (const std::bad_alloc&) {
-      ec = std::make_error_code(std::errc::not_enough_memory);
-      return {};
-    }
-    for (const auto& [id, key] : ready) {
-      handed.push_back(key);
-      if (const auto it = routes.find(id); it != routes.end()) it->second.listed = false;
-    }
-    ready.clear();
-    return handed;
   }
 };
 
@@ -806,7 +829,10 @@ struct Connection::Impl {
     // client's CONNECT_RESPONSE handling re-apply its INIT attributes (remote read and write)
     // and send the reply or RTU before the caller could take them back: a peer writing at once
     // went through rights never granted. This side makes every transition itself (transition()).
-    qp.emplace(*pd, *send_cq, *recv_cq, q, where);
+    // With rdma_cm's source GID (librdmacm queried it with the address): QueuePair need not
+    // look for one, and takes its index from the RTR's address vector.
+    qp.emplace(detail::rdma_cm_queue_pair(*pd, *send_cq, *recv_cq, q, Gid::from_native(id->route.addr.addr.ibaddr.sgid),
+                                          where));
     qp_num = qp->qp_num();
     // Async events of this QP (and DEVICE_FATAL) end the connection as a disconnect does.
     hub = detail::async_hub(device->shared_handle());

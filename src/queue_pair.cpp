@@ -160,7 +160,7 @@ ibv_qp_init_attr QueuePair::init_attr(const CompletionQueue& send_cq, const Comp
 }
 
 QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                     const QpOptions& o, SourceLocation where) {
+                     const QpOptions& o, const Gid* source_gid, SourceLocation where) {
   detail::require_not_empty(pd.native_handle() != nullptr, "QueuePair: the ProtectionDomain", where);
   detail::require_not_empty(send_cq.native_handle() != nullptr, "QueuePair: the send CompletionQueue", where);
   detail::require_not_empty(recv_cq.native_handle() != nullptr, "QueuePair: the receive CompletionQueue", where);
@@ -212,8 +212,16 @@ QueuePair::QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
         ibv_destroy_qp(q);
       });
   // ibv_create_qp writes back what the device granted (at least what was asked).
-  setup_(o, init.cap, where, ops);
+  setup_(o, init.cap, where, ops, source_gid);
 }
+
+namespace detail {
+QueuePair rdma_cm_queue_pair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                             const CompletionQueue& recv_cq, const QpOptions& options, const Gid& source_gid,
+                             SourceLocation where) {
+  return QueuePair(pd, send_cq, recv_cq, options, &source_gid, where);
+}
+}  // namespace detail
 
 QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options, const ibv_qp_cap& granted,
                            QpState state, std::uint64_t send_ops) {
@@ -224,7 +232,8 @@ QueuePair QueuePair::adopt(std::shared_ptr<ibv_qp> qp, const QpOptions& options,
   return q;
 }
 
-void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ops) {
+void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ops,
+                       const Gid* source_gid) {
   ibv_context* ctx = qp_->context;
   access_ = o.access;
   pkey_index_ = o.pkey_index;
@@ -243,6 +252,10 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
     ibv_gid g{};
     detail::check_rc(ibv_query_gid(ctx, o.port, static_cast<int>(gid_index_), &g), "ibv_query_gid", where);
     local_.gid = Gid::from_native(g);
+  } else if (source_gid != nullptr && ethernet_ && !source_gid->is_zero()) {
+    // rdma_cm's: no table to search (choose_gid's queries, a first one's netdev names).
+    local_.gid = *source_gid;
+    gid_at_rtr_ = true;
   } else if (ethernet_) {
     const GidChoice c = detail::choose_gid(ctx, o.port, port, where);
     gid_index_ = c.entry.index;
@@ -409,7 +422,10 @@ void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
   if ((mask & IBV_QP_STATE) != 0) set_state_(static_cast<std::uint8_t>(attr.qp_state));
   // An address vector with a GRH names the source GID the QP now uses (rdma_cm's, for a
   // connection: over IPv6 or a VLAN it is not choose_gid's pick).
-  if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && attr.ah_attr.grh.sgid_index != gid_index_) {
+  if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && gid_at_rtr_) {
+    gid_index_ = attr.ah_attr.grh.sgid_index;  // the index of the GID rdma_cm gave at creation
+    gid_at_rtr_ = false;
+  } else if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && attr.ah_attr.grh.sgid_index != gid_index_) {
     ibv_gid g{};
     const std::uint8_t port = (mask & IBV_QP_PORT) != 0 ? attr.port_num : port_;
     if (ibv_query_gid(qp_->context, port, attr.ah_attr.grh.sgid_index, &g) == 0) {

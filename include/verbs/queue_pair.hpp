@@ -268,6 +268,12 @@ namespace detail {
 /// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
 /// (the QP is being given up).
 void flush_to_error(QueuePair& qp) noexcept;
+/// A QP for an rdma_cm connection, whose source GID rdma_cm chose (`source_gid`, the id's):
+/// made without choose_gid's queries; its index is taken from the address vector of its RTR
+/// (rdma_init_qp_attr(3)), and gid_index() is 0 until then.
+QueuePair rdma_cm_queue_pair(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                             const CompletionQueue& recv_cq, const QpOptions& options, const Gid& source_gid,
+                             SourceLocation where);
 }  // namespace detail
 
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
@@ -286,7 +292,8 @@ class QueuePair {
   /// inline size over max_inline_data; ENOMEM).
   ///@{
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-            const QpOptions& options = {}, SourceLocation where = SourceLocation::current());
+            const QpOptions& options = {}, SourceLocation where = SourceLocation::current())
+      : QueuePair(pd, send_cq, recv_cq, options, nullptr, where) {}
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& cq, const QpOptions& options = {},
             SourceLocation where = SourceLocation::current())
       : QueuePair(pd, cq, cq, options, where) {}
@@ -338,6 +345,7 @@ class QueuePair {
     std::swap(type_, o.type_);
     std::swap(has_srq_, o.has_srq_);
     std::swap(ethernet_, o.ethernet_);
+    std::swap(gid_at_rtr_, o.gid_at_rtr_);
     std::swap(atomics_, o.atomics_);
     std::swap(max_init_rd_atom_, o.max_init_rd_atom_);
     std::swap(max_rd_atom_, o.max_rd_atom_);
@@ -405,6 +413,8 @@ class QueuePair {
   /// The local GID index the QP uses (RoCE, or IB with a GRH): QpOptions::gid_index, or
   /// choose_gid's pick, until a modify() with an address vector names another (as the rdma_cm
   /// connection's RTR does: over IPv6 or a VLAN, rdma_cm's source GID); endpoint().gid follows.
+  /// A cm::Connection's QP has rdma_cm's source GID from the start, and its index from its RTR
+  /// on (0 before, as Handshake::qp shows it).
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
   /// The local port.
   [[nodiscard]] std::uint8_t port() const noexcept { return port_; }
@@ -599,12 +609,17 @@ class QueuePair {
     return PostResult::device_error(detail::rc_to_errno(rc), 0);
   }
   QueuePair() = default;
-  void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ext_ops);
+  QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+            const QpOptions& options, const Gid* source_gid, SourceLocation where);
+  void setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLocation where, std::uint64_t ext_ops,
+              const Gid* source_gid = nullptr);
   void modify_(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* verb, SourceLocation where);
   void set_state_(std::uint8_t state) noexcept;
   void check_not_empty_(const char* what, SourceLocation where) const;
   [[nodiscard]] std::uint8_t state_now_() const noexcept { return state_.load(std::memory_order_relaxed); }
   friend void detail::flush_to_error(QueuePair& qp) noexcept;
+  friend QueuePair detail::rdma_cm_queue_pair(const ProtectionDomain&, const CompletionQueue&, const CompletionQueue&,
+                                              const QpOptions&, const Gid&, SourceLocation);
   friend class SendBatch;
 
   std::shared_ptr<ibv_qp> qp_;   // deleter holds the PD, CQs and SRQ
@@ -623,6 +638,7 @@ class QueuePair {
   QpType type_ = QpType::rc;
   bool has_srq_ = false;
   bool ethernet_ = false;
+  bool gid_at_rtr_ = false;          // local_.gid is rdma_cm's; its index comes with the RTR's address vector
   bool atomics_ = false;             // the device's atomic_cap is not NONE
   std::uint8_t max_init_rd_atom_ = 0, max_rd_atom_ = 0;  // the device's max_qp_init_rd_atom, max_qp_rd_atom
   // Largest UD message: the port's active MTU when the QP was made (a later change of the

@@ -1275,6 +1275,29 @@ TEST_F(Cm, QpReportsTheGidRdmaCmResolved) {
   EXPECT_TRUE(got->ok()) << static_cast<int>(got->status());
 }
 
+// Over IPv4 rdma_cm's source GID is the IPv4-mapped one choose_gid picks: each side's QP has it
+// from the start (before_handshake sees it) and its index once connected.
+TEST_F(Cm, QpHasRdmaCmsIpv4MappedGidFromTheStart) {
+  const GidChoice pick = device->choose_gid(1);
+  if (!pick.entry.gid.is_ipv4_mapped()) GTEST_SKIP() << "choose_gid picks no IPv4-mapped GID here";
+  cm::Listener listener(test_addr(), 0);
+  std::vector<Gid> seen;
+  std::mutex m;
+  const auto look = [&](const cm::Handshake& h) {
+    const std::lock_guard lock(m);
+    seen.push_back(h.qp.endpoint().gid);
+  };
+  auto server = std::async(std::launch::async, [&] { return listener.accept(20s, {.before_handshake = look}); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = {.before_handshake = look}});
+  cm::Connection conn = server.get();
+  ASSERT_EQ(seen.size(), 2U);
+  for (const Gid& g : seen) EXPECT_EQ(g, pick.entry.gid) << g.to_string();
+  for (cm::Connection* c : {&client, &conn}) {
+    EXPECT_EQ(c->qp().gid_index(), pick.entry.index);
+    EXPECT_EQ(c->qp().endpoint().gid, pick.entry.gid) << c->qp().endpoint().gid.to_string();
+  }
+}
+
 // The path MTU of a connection is the smaller of what each side can take. rdma_cm gives the
 // server the client's MTU (the route's); a side that takes less (a smaller netdev MTU on its
 // host, or TransportOptions::path_mtu) tells the other in the handshake. Without that, the side
