@@ -465,10 +465,12 @@ struct HeldLink {
 };
 
 /// An EventChannel's state: the channel, and who each event is for. Shared by the EventChannel
-/// and every connection on it (through their ids' deleters and Connection::Impl::shared).
+/// and every connection and listener on it (through their ids' deleters and their `shared`).
 struct ChannelHub {
-  /// Called under `mutex` with an event of the route's id: must not block nor call into the hub.
-  using Deliver = void (*)(void* self, Event&& e) noexcept;
+  /// Called under `mutex` with an event of the route's id (a connection request: of the
+  /// listener's): must not block nor call into the hub. False: a connection request it could
+  /// not keep (no memory), which the hub then rejects.
+  using Deliver = bool (*)(void* self, Event&& e) noexcept;
   struct Route {
     void* self;
     Deliver deliver;
@@ -511,19 +513,31 @@ struct ChannelHub {
   std::vector<std::pair<const rdma_cm_id*, std::uint64_t>> ready;  // routes with news, in order
   std::vector<std::uint64_t> handed;                                // what dispatch() last returned
 
-  /// Routes the events of `id`; throws std::bad_alloc.
+  /// Routes the events of `id`; throws std::bad_alloc. The id of a connection request taken
+  /// from a listener on this channel has had a route since its request came (park()): what came
+  /// for it meanwhile goes to `r` now, in order, as though `r` had been there all along.
   void add(const rdma_cm_id* id, Route r) {
     const std::lock_guard lock(mutex);
-    routes.insert_or_assign(id, r);
+    Route& in = routes.insert_or_assign(id, r).first->second;
+    if (const auto it = parked.find(id); it != parked.end()) {
+      std::vector<Event> came = std::move(it->second);
+      parked.erase(it);
+      for (Event& e : came) (void)in.deliver(in.self, std::move(e));
+      if (!came.empty()) list(id, in, false);
+    }
   }
   /// Stops routing `id`'s events: once it returns, its route is not called any more, and the
   /// events it did not take are dropped (acknowledged, so that rdma_destroy_id(3) need not wait).
   void remove(const rdma_cm_id* id) noexcept {
     const std::lock_guard lock(mutex);
+    remove_locked(id);
+  }
+  void remove_locked(const rdma_cm_id* id) noexcept {
     if (const auto it = routes.find(id); it != routes.end()) {
       if (it->second.listed) std::erase_if(ready, [&](const auto& r) { return r.first == id; });
       routes.erase(it);
     }
+    parked.erase(id);
   }
   /// Reads every pending event and hands each to its id's route. Sets `ec` on failure.
   void pump(std::error_code& ec) noexcept {
@@ -561,9 +575,37 @@ struct ChannelHub {
     return handed;
   }
 
+  /// A connection request nobody keeps: the client hears at once.
+  static void refuse(rdma_cm_id* id) noexcept {
+    rdma_reject(id, nullptr, 0);
+    rdma_destroy_id(id);
+  }
+
  private:
   bool notified = false;  // `notify_fd` was written since dispatch() last read it (under `mutex`)
+  // What came for the id of a connection request before an accept took it (a REJECTED, a
+  // DEVICE_REMOVAL): its route until then is park().
+  std::unordered_map<const rdma_cm_id*, std::vector<Event>> parked;
 
+  static bool park(void* self, Event&& e) noexcept {
+    auto& hub = *static_cast<ChannelHub*>(self);
+    try {
+      hub.parked[e.id].push_back(std::move(e));
+    } catch (const std::bad_alloc&) {
+      // Lost: the handshake of that request then ends at its deadline instead of at once.
+    }
+    return true;
+  }
+  void list(const rdma_cm_id* id, Route& r, bool for_dispatch) noexcept {
+    if (r.listed) return;
+    try {
+      ready.emplace_back(id, r.key);
+      r.listed = true;
+      if (!for_dispatch) notify();
+    } catch (const std::bad_alloc&) {
+      // Not listed: dispatch() will not name it; its owner has the event all the same.
+    }
+  }
   void notify() noexcept {
     if (notified) return;
     const std::uint64_t one = 1;
@@ -579,7 +621,10 @@ struct ChannelHub {
         if (errno != EAGAIN && errno != EWOULDBLOCK) ec.assign(errno, std::generic_category());
         return;
       }
-      const rdma_cm_id* id = ev->id;
+      // A connection request is the listener's; the id it brings is new (the caller's to
+      // accept or reject and destroy).
+      rdma_cm_id* request = ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ? ev->id : nullptr;
+      const rdma_cm_id* id = request != nullptr ? ev->listen_id : ev->id;
       std::optional<Event> e;
       try {
         e.emplace(to_event(ev));
@@ -587,20 +632,36 @@ struct ChannelHub {
         ec = std::make_error_code(std::errc::not_enough_memory);
       }
       rdma_ack_cm_event(ev);
-      if (!e) return;
-      const auto it = routes.find(id);
-      if (it == routes.end()) continue;  // its connection is gone
-      Route& r = it->second;
-      r.deliver(r.self, std::move(*e));
-      if (!r.listed) {
+      if (!e) {
+        if (request != nullptr) refuse(request);
+        return;
+      }
+      if (request != nullptr) {
+        // Its events are kept from now on, until an accept routes them (add()) or refuses it.
         try {
-          ready.emplace_back(id, r.key);
-          r.listed = true;
-          if (!for_dispatch) notify();
+          routes.insert_or_assign(request, Route{this, &ChannelHub::park, 0});
         } catch (const std::bad_alloc&) {
-          // Not listed: dispatch() will not name it; its connection has the event all the same.
+          refuse(request);
+          continue;
         }
       }
+      const auto it = routes.find(id);
+      if (it == routes.end()) {  // its connection (or listener) is gone
+        if (request != nullptr) {
+          routes.erase(request);
+          refuse(request);
+        }
+        continue;
+      }
+      Route& r = it->second;
+      if (!r.deliver(r.self, std::move(*e))) {  // a listener that could not keep the request
+        if (request != nullptr) {
+          routes.erase(request);
+          refuse(request);
+        }
+        continue;
+      }
+      list(id, r, for_dispatch);
     }
   }
 };
@@ -969,11 +1030,11 @@ struct Connection::Impl {
   }
 
   /// The route of this connection's id on an EventChannel (ChannelHub::Deliver).
-  static void deliver(void* self, Event&& e) noexcept {
+  static bool deliver(void* self, Event&& e) noexcept {
     auto& c = *static_cast<Impl*>(self);
     if (!c.handshaking) {
       c.note(e);
-      return;
+      return true;
     }
     try {
       c.inbox.push_back(std::move(e));
@@ -984,6 +1045,7 @@ struct Connection::Impl {
       const std::uint64_t one = 1;
       (void)!::write(c.inbox_fd, &one, sizeof one);
     }
+    return true;
   }
 
   /// The fd an event loop watches: the channel's, or the EventChannel's (EventChannel::fd()).
@@ -1759,17 +1821,112 @@ Device device_to(std::string_view host, milliseconds timeout, SourceLocation whe
 
 // ---------------------------------------------------------------------------------------------
 struct Listener::Impl {
+  // Its own channel, or an EventChannel's (then `shared` is that channel's hub, and `channel`
+  // keeps the hub alive).
   std::shared_ptr<rdma_event_channel> channel;
+  std::shared_ptr<ChannelHub> shared;
   std::shared_ptr<rdma_cm_id> id;
   std::string address;
   std::uint16_t port = 0;
   milliseconds handshake_timeout{};
+  // On an EventChannel, under its mutex: the events its readers handed over (connection
+  // requests, a DEVICE_REMOVAL) wait here for start_accept(); inbox_fd (made by a blocking
+  // accept() before it sleeps) is written with each.
+  bool channel_routed = false;
+  std::vector<Event> inbox;
+  int inbox_fd = -1;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    if (channel_routed) {
+      // Requests handed over and not taken: refused, so that their clients hear at once (the
+      // kernel does the same with those still in the channel when the id goes).
+      std::vector<Event> left;
+      {
+        const std::lock_guard lock(shared->mutex);
+        shared->remove_locked(id.get());
+        left.swap(inbox);
+        for (const Event& e : left)
+          if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) shared->remove_locked(e.id);
+      }
+      for (const Event& e : left)
+        if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) ChannelHub::refuse(e.id);
+    }
+    if (inbox_fd >= 0) ::close(inbox_fd);
+  }
+
+  /// The listener's route on an EventChannel (ChannelHub::Deliver).
+  static bool deliver(void* self, Event&& e) noexcept {
+    auto& l = *static_cast<Impl*>(self);
+    try {
+      l.inbox.push_back(std::move(e));
+    } catch (const std::bad_alloc&) {
+      return false;  // a request is refused by the hub; anything else concerns no listener
+    }
+    if (l.inbox_fd >= 0) {
+      const std::uint64_t one = 1;
+      (void)!::write(l.inbox_fd, &one, sizeof one);
+    }
+    return true;
+  }
+
+  /// The next event for the listener, without blocking: from its own channel, or what the
+  /// EventChannel's readers handed over. Empty with `ec` clear when there is none.
+  std::optional<Event> next(std::error_code& ec) {
+    if (!shared) return next_event(channel.get(), Clock::time_point{}, ec);
+    ec.clear();
+    const auto take = [&]() -> std::optional<Event> {
+      const std::lock_guard lock(shared->mutex);
+      if (inbox.empty()) return std::nullopt;
+      Event e = std::move(inbox.front());
+      inbox.erase(inbox.begin());
+      return e;
+    };
+    if (auto e = take()) return e;
+    shared->pump(ec);
+    if (ec) return std::nullopt;
+    return take();
+  }
+
+  /// Sleeps until a request may have come, or `deadline` (as Connection::Impl::wait_handshake).
+  void wait(Clock::time_point deadline, SourceLocation where) {
+    if (!shared) {
+      wait_readable(channel->fd, deadline, Phase::accept, where);
+      return;
+    }
+    {
+      const std::lock_guard lock(shared->mutex);
+      if (inbox_fd < 0) {
+        inbox_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (inbox_fd < 0) fail(errno, Phase::accept, "eventfd", where);
+      }
+      if (!inbox.empty()) return;
+    }
+    std::array<pollfd, 2> fds{{{channel->fd, POLLIN, 0}, {inbox_fd, POLLIN, 0}}};
+    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
+      fail(errno, Phase::accept, "poll", where);
+    std::uint64_t n = 0;
+    (void)!::read(inbox_fd, &n, sizeof n);
+  }
 };
 
 Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options, SourceLocation where)
     : impl_(std::make_unique<Impl>()) {
-  impl_->channel = make_channel(Phase::listen, where);
+  if (options.channel != nullptr) {
+    impl_->shared = ChannelAccess::hub(*options.channel);
+    if (!impl_->shared) fail(EINVAL, Phase::listen, "ListenOptions::channel is empty (moved from)", where);
+    impl_->channel = channel_of(impl_->shared);
+  } else {
+    impl_->channel = make_channel(Phase::listen, where);
+  }
   impl_->id = make_id(impl_->channel, Phase::listen, where);
+  if (impl_->shared) {
+    // Routed before it listens: no request can come unrouted.
+    impl_->shared->add(impl_->id.get(), {impl_.get(), &Impl::deliver, options.channel_key});
+    impl_->channel_routed = true;
+  }
   impl_->address = address;
   impl_->handshake_timeout = options.handshake_timeout;
   sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
@@ -1789,7 +1946,7 @@ Listener& Listener::operator=(Listener&&) noexcept = default;
 Listener::~Listener() = default;
 
 std::uint16_t Listener::port() const noexcept { return impl_->port; }
-int Listener::fd() const noexcept { return impl_->channel->fd; }
+int Listener::fd() const noexcept { return impl_->shared ? impl_->shared->epoll_fd : impl_->channel->fd; }
 rdma_cm_id* Listener::native_handle() const noexcept { return impl_->id.get(); }
 
 Device Listener::device(SourceLocation where) const {
@@ -1851,12 +2008,22 @@ std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept { re
 int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->user_fd() : -1; }
 std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept { return !impl_ ? Clock::time_point{} : impl_->deadline; }
 
+/// A listener on an EventChannel accepts onto that channel only (its requests' ids are on it).
+void check_channel(const ConnectionOptions& o, const std::shared_ptr<ChannelHub>& listener, SourceLocation where) {
+  if (listener && o.channel != nullptr && ChannelAccess::hub(*o.channel) != listener)
+    fail(EINVAL, Phase::accept,
+         "ConnectionOptions::channel names another EventChannel than the listener's (ListenOptions::channel): a "
+         "listener on an EventChannel accepts onto it; leave it empty or name the same one; nothing was taken",
+         where);
+}
+
 std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
   const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
   check_options(o, Phase::accept, where);
+  check_channel(o, impl_->shared, where);
   for (;;) {
     std::error_code ec;
-    std::optional<Event> req = next_event(impl_->channel.get(), Clock::time_point{}, ec);  // never waits
+    std::optional<Event> req = impl_->next(ec);  // never waits
     if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
     if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
@@ -1877,7 +2044,10 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
       pending->deadline = deadline_after(pending->budget);
       pending->where = where;
       c = std::make_unique<Connection::Impl>();
-      if (o.channel != nullptr) {
+      if (impl_->shared) {
+        c->shared = impl_->shared;  // the request's id is on the listener's EventChannel already
+        c->channel = channel_of(c->shared);
+      } else if (o.channel != nullptr) {
         c->shared = ChannelAccess::hub(*o.channel);
         if (!c->shared) fail(EINVAL, Phase::accept, "ConnectionOptions::channel is empty (moved from)", where);
         c->channel = channel_of(c->shared);
@@ -1885,6 +2055,7 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
         c->channel = make_channel(Phase::accept, where);
       }
     } catch (...) {
+      if (impl_->shared) impl_->shared->remove(req->id);  // its events were kept for an accept
       rdma_reject(req->id, nullptr, 0);
       rdma_destroy_id(req->id);
       throw;
@@ -1893,13 +2064,18 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
     c->id = own_id(req->id, c->channel);
     if (c->shared) {
       try {
-        c->join(o.channel_key);  // before the id moves there: its events are routed
+        // Before the id moves there: its events are routed. On the listener's channel, what
+        // came for the id since its request is handed over now.
+        c->join(o.channel_key);
       } catch (...) {
+        if (impl_->shared) impl_->shared->remove(req->id);
         rdma_reject(req->id, nullptr, 0);
         throw;
       }
     }
-    if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
+    if (impl_->shared) {
+      // No rdma_migrate_id(3): the id is where it belongs.
+    } else if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
       const int err = errno;
       rdma_reject(req->id, nullptr, 0);
       fail(err, Phase::accept, "rdma_migrate_id", where);
@@ -1948,6 +2124,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
   // Checked before waiting: nothing is sent for options that cannot be.
   (void)frame(o, max_accept_private_data, Phase::accept, where);
   check_options(o, Phase::accept, where);
+  check_channel(o, impl_->shared, where);
   for (;;) {
     if (std::optional<PendingAccept> pending = start_accept(o, where)) {
       for (;;) {
@@ -1957,7 +2134,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     }
     if (Clock::now() >= deadline)
       fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
-    wait_readable(impl_->channel->fd, deadline, Phase::accept, where);
+    impl_->wait(deadline, where);
   }
 }
 

@@ -12,8 +12,9 @@
 // one epoll loop; --sequential connects them one after the other with cm::connect. Then it
 // disconnects them all, then destroys them. Both sides share one PD and one CQ among the
 // connections (ConnectionOptions::pd, send_cq, recv_cq), make QPs of one request each way, and
-// put every connection on one rdma_cm event channel (cm::EventChannel), as cmtime does;
-// --own-channels gives each connection a channel of its own instead (the library's default).
+// put every connection on one rdma_cm event channel (cm::EventChannel), as cmtime does (the
+// server's listener too: ListenOptions::channel); --own-channels gives each connection a channel
+// of its own instead (the library's default).
 //
 // The client times a cold round, as cmtime does (the PD and CQ are made inside it, as cmtime's
 // first "create qp" makes its own), then runs a second round for the memory and descriptors each
@@ -345,28 +346,30 @@ int client(const Args& a) {
 
 int server(const Args& a) {
   const auto limit = Clock::now() + a.timeout;
-  verbs::cm::Listener listener(a.bind, a.port, {.backlog = std::max(64, a.conns)});
+  // The listener on the EventChannel too (key 0), as cmtime's server reads one channel: the
+  // requests' ids are there already (no rdma_migrate_id), and one fd tells of everything.
+  std::optional<verbs::cm::EventChannel> channel;
+  if (!a.own_channels) channel.emplace();
+  verbs::cm::Listener listener(a.bind, a.port,
+                               {.backlog = std::max(64, a.conns), .channel = channel ? &*channel : nullptr, .channel_key = 0});
   const verbs::Device dev = listener.device();
   const verbs::ProtectionDomain pd(dev);
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
   auto opts = shared_options(pd, cq);
-  std::optional<verbs::cm::EventChannel> channel;
-  if (!a.own_channels) {
-    channel.emplace();
-    opts.channel = &*channel;
-  }
   std::printf("verbs-cmtime: listening on %s port %u for %d connections, twice, %s\n", a.bind.c_str(), a.port,
               a.conns, a.own_channels ? "each on an event channel of its own" : "all on one cm::EventChannel");
   std::fflush(stdout);
-  // Pending handshakes by a key of their own (their channel_key); one epoll set for them (or
-  // their EventChannel) and the listener (key 0).
+  // Pending handshakes by a key of their own (their channel_key); one epoll set for them and the
+  // listener (key 0), or the EventChannel's fd alone.
   std::vector<std::optional<verbs::cm::PendingAccept>> pending(1);
   std::vector<verbs::cm::Connection> conns;
   conns.reserve(static_cast<std::size_t>(a.conns));
   constexpr std::size_t kChannel = ~std::size_t{0};
   Epoll ep;
-  ep.add(listener.fd(), 0);
-  if (channel) ep.add(channel->fd(), kChannel);
+  if (channel)
+    ep.add(channel->fd(), kChannel);
+  else
+    ep.add(listener.fd(), 0);
   // The client's two rounds: the timed one, then the one whose memory and descriptors count.
   const auto round = [&] {
     auto next_deadline_check = Clock::now();

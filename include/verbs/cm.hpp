@@ -102,18 +102,20 @@ struct ChannelAccess;
 /// open() of the rdma_cm device (and a descriptor) per connection, which for hundreds of
 /// connections at once costs more than the rest of setting one up. Given as
 /// ConnectionOptions::channel to connect() or accept(), the connection's events come through
-/// this one instead, and its fd() is this one's.
+/// this one instead, and its fd() is this one's. A Listener on it (ListenOptions::channel) takes
+/// its connection requests from it too, and accepts onto it: a server's loop watches one fd.
 ///
 /// Whoever reads the channel hands each event to the connection (or handshake in progress) it is
 /// for: dispatch() here, and every call of a connection on it that reads events (wait(),
 /// poll_events(), PendingConnect::step() ...), so threads waiting on different connections of one
 /// channel (wait(), a blocking connect() or accept()) work as with channels of their own. For an
 /// event loop: watch fd(), call dispatch() when it is readable, and step() the handshakes whose
-/// keys it returns (each connection's ConnectionOptions::channel_key); for an established
-/// connection, call poll_events(). fd() stays readable while keys wait for dispatch(), also those
+/// keys it returns (each connection's ConnectionOptions::channel_key; a listener's
+/// ListenOptions::channel_key: start_accept() until empty); for an established connection, call
+/// poll_events(). fd() stays readable while keys wait for dispatch(), also those
 /// that another thread's read of the channel listed: a loop that does not call dispatch() spins.
 ///
-/// Connections keep the channel alive: it may be destroyed before them. Move-only. One
+/// Connections and listeners keep the channel alive: it may be destroyed before them. Move-only. One
 /// connection's fd cannot be given to an event loop that watches another's of the same channel
 /// apart (the asio helpers, which watch each fd(), need channels of their own).
 class EventChannel {
@@ -225,6 +227,14 @@ struct ListenOptions {
   /// only, false for IPv4 too (its IPv4-mapped form); empty keeps the system's default
   /// (net.ipv6.bindv6only).
   std::optional<bool> ipv6_only = std::nullopt;
+  /// Listen on an EventChannel instead of an event channel of the listener's own: the
+  /// channel's dispatch() names `channel_key` when requests wait (then start_accept() until
+  /// empty), fd() is the channel's, and the connections accepted are on that channel too
+  /// (ConnectionOptions::channel empty or the same; another one: EINVAL), their requests' ids
+  /// already there (no rdma_migrate_id(3)). Read only by the constructor; the listener shares
+  /// the channel's ownership.
+  EventChannel* channel = nullptr;
+  std::uint64_t channel_key = 0;  ///< what dispatch() names for this listener
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
@@ -527,7 +537,9 @@ class PendingAccept {
                                SourceLocation where = SourceLocation::current());
 
 /// A listening rdma_cm id. Each accepted Connection is independent of the listener and of
-/// each other (its own event channel); the listener may be destroyed while they live.
+/// each other (its own event channel, or an EventChannel: ConnectionOptions::channel, or the
+/// listener's, ListenOptions::channel); the listener may be destroyed while they live, and the
+/// requests it took off an EventChannel but no accept took are then rejected.
 /// Threads: accept() from one thread at a time per Listener (they read one event channel);
 /// different Listeners, connect() and the Connections may be used from any threads at once.
 class Listener {
@@ -572,7 +584,9 @@ class Listener {
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
   [[nodiscard]] Device device(SourceLocation where = SourceLocation::current()) const;
-  /// The listener's event channel fd: readable when a connection request is waiting.
+  /// The listener's event channel fd: readable when a connection request is waiting. On an
+  /// EventChannel (ListenOptions::channel), the channel's fd(): readable when dispatch() has
+  /// something to name, this listener or another.
   [[nodiscard]] int fd() const noexcept;
   /// The listening rdma_cm id.
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;

@@ -1741,6 +1741,145 @@ TEST_F(CmEventLoop, AMovedFromEventChannelIsRefusedSayingSo) {
   EXPECT_GE(taken.fd(), 0);
 }
 
+// A listener on the EventChannel too (ListenOptions::channel): the server's whole event loop
+// watches one fd; dispatch() names the listener's key when requests wait, and what it accepts
+// lands on the same channel, holding no descriptor of its own.
+TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
+  constexpr std::size_t kClients = 6;
+  constexpr std::uint64_t kListener = 1000;
+  ProtectionDomain pd(*device);
+  CompletionQueue cq(*device, {.depth = 64});
+  cm::EventChannel channel;
+  cm::Listener listener(test_addr(), 0, {.channel = &channel, .channel_key = kListener});
+  EXPECT_EQ(listener.fd(), channel.fd());
+  std::vector<std::future<cm::Connection>> clients;
+  for (std::size_t i = 0; i < kClients; ++i)
+    clients.push_back(std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 20s}); }));
+  std::vector<std::optional<cm::PendingAccept>> accepting;
+  std::vector<cm::Connection> servers;
+  bool listener_named = false;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (servers.size() < kClients && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{channel.fd(), POLLIN, 0};
+    ASSERT_GE(::poll(&p, 1, 100), 0);
+    const auto named = channel.dispatch();
+    const std::vector<std::uint64_t> keys(named.begin(), named.end());
+    for (const std::uint64_t key : keys) {
+      if (key == kListener) {
+        listener_named = true;
+        while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel_key = accepting.size()})) {
+          EXPECT_EQ(a->fd(), channel.fd());
+          accepting.emplace_back(std::move(*a));
+        }
+      } else {
+        ASSERT_LT(key, accepting.size()) << "a key no accept was given";
+        if (auto& a = accepting[key]; a)
+          if (auto c = a->step()) {
+            servers.push_back(std::move(*c));
+            a.reset();
+          }
+      }
+    }
+  }
+  ASSERT_EQ(servers.size(), kClients) << "not all accepted within 30 s";
+  EXPECT_TRUE(listener_named) << "dispatch() never named the listener";
+  std::vector<cm::Connection> connected;
+  for (auto& f : clients) connected.push_back(f.get());
+  for (cm::Connection& client : connected) {
+    const auto it = std::find_if(servers.begin(), servers.end(),
+                                 [&](const cm::Connection& s) { return s.peer_address() == client.local_address(); });
+    ASSERT_NE(it, servers.end());
+    auto in = MemoryRegion::allocate(pd, 64, Access::local_write);
+    auto out = MemoryRegion::allocate(client.pd(), 64);
+    ASSERT_TRUE(it->qp().post_recv(in.slice(0, 64), 7).ok());
+    ASSERT_TRUE(client.qp().post_send(out.slice(0, 64)).ok());
+    const auto wc = it->wait_one(cq, 10s);
+    ASSERT_TRUE(wc.has_value());
+    EXPECT_TRUE(wc->ok()) << wc->error_code().message();
+    EXPECT_EQ(wc->wr_id(), 7U);
+  }
+  const int with = open_fds();
+  servers.clear();
+  EXPECT_EQ(open_fds(), with) << "accepted connections held descriptors of their own";
+}
+
+// A blocking accept() on a listener whose EventChannel another thread reads all along: the
+// reader hands it the requests (and the handshakes' events), which must wake it at once.
+TEST_F(CmEventLoop, ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListenersChannel) {
+  cm::EventChannel channel;
+  cm::Listener listener(test_addr(), 0, {.channel = &channel, .channel_key = 1});
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop) {
+      pollfd p{channel.fd(), POLLIN, 0};
+      (void)::poll(&p, 1, 1);
+      std::error_code ec;
+      (void)channel.dispatch(ec);
+    }
+  });
+  std::chrono::steady_clock::duration longest{};
+  std::vector<cm::Connection> kept;
+  for (int i = 0; i < 5; ++i) {
+    auto client = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<cm::Connection> conn;
+    const auto e = thrown_by<cm::ConnectError>([&] { conn.emplace(listener.accept(10s)); });
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+    ASSERT_FALSE(e) << e->what();
+    kept.push_back(std::move(*conn));
+    kept.push_back(client.get());
+  }
+  stop = true;
+  reader.join();
+  EXPECT_LT(longest, 5s) << "an accept slept until a deadline: " << std::chrono::duration<double>(longest).count() << " s";
+}
+
+// Accepting from a listener on one EventChannel onto another is refused before a request is
+// taken: the request waits for an accept that can take it.
+TEST_F(CmEventLoop, AListenerOnAnEventChannelRefusesToAcceptOntoAnotherSayingSo) {
+  cm::EventChannel channel, other;
+  cm::Listener listener(test_addr(), 0, {.channel = &channel});
+  auto client = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
+  const auto e = connect_error([&] { (void)listener.accept(5s, {.channel = &other}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::invalid_argument);
+  EXPECT_NE(std::string(e->what()).find("another EventChannel than the listener's"), std::string::npos) << e->what();
+  const auto e2 = connect_error([&] { (void)listener.start_accept({.channel = &other}); });
+  ASSERT_TRUE(e2);
+  EXPECT_EQ(e2->code(), std::errc::invalid_argument);
+  cm::Connection conn = listener.accept(10s, {.channel = &channel});
+  cm::Connection c = client.get();
+  EXPECT_TRUE(conn.connected());
+  EXPECT_TRUE(c.connected());
+}
+
+// Requests a listener's EventChannel handed over but no accept took are refused when the
+// listener goes: their clients hear at once (ECONNREFUSED), not at their timeout, and the
+// requests' ids are destroyed (the sanitizer builds see a leak otherwise).
+TEST_F(CmEventLoop, RequestsAListenerWasHandedAreRefusedWhenItGoes) {
+  cm::EventChannel channel;
+  std::optional<cm::Listener> listener;
+  listener.emplace(test_addr(), 0, cm::ListenOptions{.channel = &channel, .channel_key = 5});
+  const std::uint16_t port = listener->port();
+  auto client = std::async(std::launch::async, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto e = connect_error([&] { (void)cm::connect(test_addr(), port, {.timeout = 20s}); });
+    return std::pair{e, std::chrono::steady_clock::now() - t0};
+  });
+  bool named = false;
+  for (const auto until = std::chrono::steady_clock::now() + 10s; !named && std::chrono::steady_clock::now() < until;) {
+    pollfd p{channel.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 100);
+    for (const std::uint64_t key : channel.dispatch()) named = named || key == 5;
+  }
+  ASSERT_TRUE(named) << "the request never came";
+  listener.reset();
+  const auto [e, took] = client.get();
+  ASSERT_TRUE(e) << "connected to a listener that is gone";
+  EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+  EXPECT_LT(took, 15s);
+}
+
 TEST_F(CmEventLoop, APendingConnectToNoListenerFailsInItsConnectPhase) {
   std::uint16_t port = 0;
   {
