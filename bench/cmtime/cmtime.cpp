@@ -163,6 +163,14 @@ Usage usage_now() {
   return u;
 }
 
+// The process's CPU time (user, system) so far, in ms: what a round costs beside its wall time.
+std::pair<double, double> cpu_ms() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const auto ms = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_usec) / 1e3; };
+  return {ms(u.ru_utime), ms(u.ru_stime)};
+}
+
 // One step's figures over the connections, as cmtime prints them.
 struct Step {
   const char* name;
@@ -316,6 +324,7 @@ int client(const Args& a) {
   std::optional<verbs::cm::EventChannel> channel;  // made before the clock starts, as cmtime's
   if (!a.own_channels) channel.emplace();
   // Timed as cmtime times its own: from a cold start (its first "create qp" makes its PD and CQ).
+  const auto cpu0 = cpu_ms();
   const auto t0 = Clock::now();
   const verbs::ProtectionDomain pd(dev);
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
@@ -324,6 +333,7 @@ int client(const Args& a) {
   if (channel) opts.connection.channel = &*channel;
   establish(a, opts, limit, steps, conns);
   const auto t1 = Clock::now();
+  const auto cpu1 = cpu_ms();
   tear_down(steps, conns);
   if (a.sequential) steps.erase(steps.begin(), steps.begin() + kDisconnect);  // one call: no steps apart
   std::printf("verbs-cmtime: %d connections to %s port %u, %s, %s\n", a.conns, a.server.c_str(), a.port,
@@ -332,6 +342,8 @@ int client(const Args& a) {
   print_steps(steps, a.conns);
   std::printf("connections/s  %.1f   (%d in %.2f ms, the PD and CQ made first included)\n",
               a.conns / (us(t1 - t0) / 1e6), a.conns, us(t1 - t0) / 1000);
+  std::printf("client: cpu in the timed round %.1f ms user, %.1f ms system\n", cpu1.first - cpu0.first,
+              cpu1.second - cpu0.second);
   // Again, for what each connection costs: what the first round made once (librdmacm's and the
   // provider's state, this tool's records) is not counted, nor taken for a leak.
   std::vector<Step> again = new_steps(n);
@@ -411,8 +423,15 @@ int server(const Args& a) {
       c.wait_disconnected(std::max(std::chrono::duration_cast<std::chrono::milliseconds>(limit - Clock::now()), 1ms));
     conns.clear();
   };
+  const auto cpu0 = cpu_ms();
+  const auto t0 = Clock::now();
   round();
+  const auto t1 = Clock::now();
+  const auto cpu1 = cpu_ms();
   disconnected();
+  // From listening (before the client starts) to the last accept: its wall time is no figure.
+  std::printf("server: cpu in the timed round %.1f ms user, %.1f ms system (%.1f ms from listening)\n",
+              cpu1.first - cpu0.first, cpu1.second - cpu0.second, us(t1 - t0) / 1000);
   const Usage before = usage_now();
   round();
   const Usage connected = usage_now();
