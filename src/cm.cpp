@@ -661,7 +661,8 @@ struct ChannelHub {
         }
         continue;
       }
-      list(id, r, for_dispatch);
+      // A request's parked events are nobody's news yet: add() lists its connection with them.
+      if (r.deliver != &ChannelHub::park) list(id, r, for_dispatch);
     }
   }
 };
@@ -1835,6 +1836,8 @@ struct Listener::Impl {
   bool channel_routed = false;
   std::vector<Event> inbox;
   int inbox_fd = -1;
+  std::size_t backlog = 0;   // ListenOptions::backlog: the requests `inbox` keeps at most
+  std::size_t requests = 0;  // the requests in `inbox`
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -1860,11 +1863,15 @@ struct Listener::Impl {
   /// The listener's route on an EventChannel (ChannelHub::Deliver).
   static bool deliver(void* self, Event&& e) noexcept {
     auto& l = *static_cast<Impl*>(self);
+    // The kernel's backlog ends where the channel is read: this one holds what it would have.
+    const bool request = e.type == RDMA_CM_EVENT_CONNECT_REQUEST;
+    if (request && l.requests >= l.backlog) return false;  // refused by the hub, as a full backlog would
     try {
       l.inbox.push_back(std::move(e));
     } catch (const std::bad_alloc&) {
       return false;  // a request is refused by the hub; anything else concerns no listener
     }
+    if (request) ++l.requests;
     if (l.inbox_fd >= 0) {
       const std::uint64_t one = 1;
       (void)!::write(l.inbox_fd, &one, sizeof one);
@@ -1882,6 +1889,7 @@ struct Listener::Impl {
       if (inbox.empty()) return std::nullopt;
       Event e = std::move(inbox.front());
       inbox.erase(inbox.begin());
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) --requests;
       return e;
     };
     if (auto e = take()) return e;
@@ -1922,6 +1930,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
     impl_->channel = make_channel(Phase::listen, where);
   }
   impl_->id = make_id(impl_->channel, Phase::listen, where);
+  impl_->backlog = static_cast<std::size_t>(std::max(1, options.backlog));
   if (impl_->shared) {
     // Routed before it listens: no request can come unrouted.
     impl_->shared->add(impl_->id.get(), {impl_.get(), &Impl::deliver, options.channel_key});
@@ -2061,7 +2070,16 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
       throw;
     }
     // (Should the shared_ptr's control block fail to allocate, its deleter destroys the id.)
-    c->id = own_id(req->id, c->channel);
+    if (impl_->shared) {
+      // Out of the hub before it goes (its park route until join(), then the connection's): no
+      // route may outlive its id, whose address a new one could take.
+      c->id = std::shared_ptr<rdma_cm_id>(req->id, [hub = impl_->shared](rdma_cm_id* i) {
+        hub->remove(i);
+        rdma_destroy_id(i);
+      });
+    } else {
+      c->id = own_id(req->id, c->channel);
+    }
     if (c->shared) {
       try {
         // Before the id moves there: its events are routed. On the listener's channel, what

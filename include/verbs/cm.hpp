@@ -231,8 +231,10 @@ struct ListenOptions {
   /// channel's dispatch() names `channel_key` when requests wait (then start_accept() until
   /// empty), fd() is the channel's, and the connections accepted are on that channel too
   /// (ConnectionOptions::channel empty or the same; another one: EINVAL), their requests' ids
-  /// already there (no rdma_migrate_id(3)). Read only by the constructor; the listener shares
-  /// the channel's ownership.
+  /// already there (no rdma_migrate_id(3)). Whoever reads the channel takes the requests off it
+  /// for the listener, which keeps up to `backlog` of them and rejects the rest, as a full
+  /// backlog does. Read only by the constructor; the listener shares the channel's ownership.
+  /// The asio helpers (async_accept) need a listener with a channel of its own.
   EventChannel* channel = nullptr;
   std::uint64_t channel_key = 0;  ///< what dispatch() names for this listener
 };

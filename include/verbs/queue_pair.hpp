@@ -413,8 +413,8 @@ class QueuePair {
   /// The local GID index the QP uses (RoCE, or IB with a GRH): QpOptions::gid_index, or
   /// choose_gid's pick, until a modify() with an address vector names another (as the rdma_cm
   /// connection's RTR does: over IPv6 or a VLAN, rdma_cm's source GID); endpoint().gid follows.
-  /// A cm::Connection's QP has rdma_cm's source GID from the start, and its index from its RTR
-  /// on (0 before, as Handshake::qp shows it).
+  /// A cm::Connection's QP on RoCE has rdma_cm's source GID from the start, and its index from
+  /// its RTR on (0 before, as Handshake::qp shows it).
   [[nodiscard]] std::uint32_t gid_index() const noexcept { return gid_index_; }
   /// The local port.
   [[nodiscard]] std::uint8_t port() const noexcept { return port_; }

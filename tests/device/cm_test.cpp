@@ -1880,6 +1880,44 @@ TEST_F(CmEventLoop, RequestsAListenerWasHandedAreRefusedWhenItGoes) {
   EXPECT_LT(took, 15s);
 }
 
+// The channel's readers take requests off it for a listener on it, which keeps no more than its
+// backlog: the rest are refused (the clients hear ECONNREFUSED at once), as a full backlog is.
+TEST_F(CmEventLoop, AListenerOnAnEventChannelKeepsItsBacklogAndRefusesTheRest) {
+  cm::EventChannel channel;
+  cm::Listener listener(test_addr(), 0, {.backlog = 2, .channel = &channel, .channel_key = 9});
+  std::vector<std::future<std::optional<cm::ConnectError>>> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.push_back(std::async(std::launch::async, [&] {
+      return connect_error([&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 30s}); });
+    }));
+  // Read the channel without accepting, until two clients have their answer.
+  const auto done = [&] {
+    return std::count_if(clients.begin(), clients.end(),
+                         [](auto& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+  };
+  for (const auto until = std::chrono::steady_clock::now() + 15s; done() < 2 && std::chrono::steady_clock::now() < until;) {
+    pollfd p{channel.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 10);
+    (void)channel.dispatch();
+  }
+  ASSERT_EQ(done(), 2) << "the listener kept more requests than its backlog (or refused too many)";
+  for (auto& f : clients)
+    if (f.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      const auto e = f.get();
+      ASSERT_TRUE(e) << "connected without an accept";
+      EXPECT_EQ(e->code(), std::errc::connection_refused) << e->what();
+    }
+  // The two it kept are accepted.
+  std::vector<cm::Connection> accepted;
+  for (int i = 0; i < 2; ++i) accepted.push_back(listener.accept(10s));
+  for (auto& f : clients) {
+    if (f.valid()) {
+      const auto e = f.get();
+      EXPECT_FALSE(e) << "a kept request's client failed: " << e->what();
+    }
+  }
+}
+
 TEST_F(CmEventLoop, APendingConnectToNoListenerFailsInItsConnectPhase) {
   std::uint16_t port = 0;
   {
