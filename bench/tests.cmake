@@ -32,7 +32,8 @@ add_test(NAME bench.compare_report
                  ${CMAKE_CURRENT_LIST_DIR}/results/compare-run3.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run4.json
                  ${CMAKE_CURRENT_LIST_DIR}/results/compare-run5.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run6.json
                  ${CMAKE_CURRENT_LIST_DIR}/results/compare-run7.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run8.json
-                 ${CMAKE_CURRENT_LIST_DIR}/results/compare-run9.json)
+                 ${CMAKE_CURRENT_LIST_DIR}/results/compare-run9.json ${CMAKE_CURRENT_LIST_DIR}/results/compare-run10.json
+                 ${CMAKE_CURRENT_LIST_DIR}/results/compare-run11.json)
 set_tests_properties(bench.compare_report PROPERTIES LABELS host TIMEOUT 120)
 add_test(NAME bench.compare_report_not_json
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/compare --report ${CMAKE_CURRENT_LIST_DIR}/tests.cmake)
