@@ -1444,6 +1444,33 @@ TEST_F(Cm, AConnectionHoldsOnlyItsEventChannelUntilAThreadSleepsOnIt) {
 // (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
 using CmEventLoop = Cm;
 
+/// A thread that reads `channel` all along (poll, then dispatch()) until stopped or destroyed:
+/// another reader than the thread a test waits in. Joined however the test ends (an ASSERT
+/// returns early).
+class ChannelReader {
+ public:
+  ChannelReader(cm::EventChannel& channel, std::chrono::milliseconds poll_every)
+      : thread_([this, &channel, poll_every] {
+          while (!stop_) {
+            pollfd p{channel.fd(), POLLIN, 0};
+            (void)::poll(&p, 1, static_cast<int>(poll_every.count()));
+            std::error_code ec;
+            (void)channel.dispatch(ec);
+          }
+        }) {}
+  ChannelReader(const ChannelReader&) = delete;
+  ChannelReader& operator=(const ChannelReader&) = delete;
+  ~ChannelReader() { stop(); }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 TEST_F(CmEventLoop, OneThreadConnectsAndAcceptsManyAtOnceWithoutBlocking) {
   constexpr std::size_t kClients = 16;
   cm::Listener listener(test_addr(), 0);
@@ -1617,15 +1644,7 @@ TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverRea
   auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel, .channel_key = 7}); });
   cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
   cm::Connection conn = server.get();
-  std::atomic<bool> stop{false};
-  std::thread reader([&] {
-    while (!stop) {
-      pollfd p{channel.fd(), POLLIN, 0};
-      (void)::poll(&p, 1, 10);
-      std::error_code ec;
-      (void)channel.dispatch(ec);
-    }
-  });
+  ChannelReader reader(channel, 10ms);
   auto waited = std::async(std::launch::async, [&] {
     const auto t0 = std::chrono::steady_clock::now();
     const auto e = connect_error([&] { (void)conn.wait_one(conn.recv_cq(), 20s); });
@@ -1634,8 +1653,7 @@ TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverRea
   std::this_thread::sleep_for(100ms);
   client.disconnect();
   const auto [e, took] = waited.get();
-  stop = true;
-  reader.join();
+  reader.stop();
   ASSERT_TRUE(e) << "the wait returned without an error";
   EXPECT_EQ(e->code(), std::errc::connection_reset) << e->what();
   EXPECT_LT(took, 10s);
@@ -1647,15 +1665,7 @@ TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverRea
 TEST_F(CmEventLoop, ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffTheirChannel) {
   cm::Listener listener(test_addr(), 0);
   cm::EventChannel channel;
-  std::atomic<bool> stop{false};
-  std::thread reader([&] {
-    while (!stop) {
-      pollfd p{channel.fd(), POLLIN, 0};
-      (void)::poll(&p, 1, 1);
-      std::error_code ec;
-      (void)channel.dispatch(ec);
-    }
-  });
+  ChannelReader reader(channel, 1ms);
   std::chrono::steady_clock::duration longest{};
   std::vector<cm::Connection> kept;
   for (int i = 0; i < 5; ++i) {
@@ -1674,8 +1684,7 @@ TEST_F(CmEventLoop, ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffThe
     kept.push_back(std::move(*client));
     kept.push_back(std::move(*conn));
   }
-  stop = true;
-  reader.join();
+  reader.stop();
   EXPECT_LT(longest, 2s) << "a connect or accept slept until its deadline: "
                          << std::chrono::duration<double>(longest).count() << " s";
 }
@@ -1808,15 +1817,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
 TEST_F(CmEventLoop, ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListenersChannel) {
   cm::EventChannel channel;
   cm::Listener listener(test_addr(), 0, {.channel = &channel, .channel_key = 1});
-  std::atomic<bool> stop{false};
-  std::thread reader([&] {
-    while (!stop) {
-      pollfd p{channel.fd(), POLLIN, 0};
-      (void)::poll(&p, 1, 1);
-      std::error_code ec;
-      (void)channel.dispatch(ec);
-    }
-  });
+  ChannelReader reader(channel, 1ms);
   std::chrono::steady_clock::duration longest{};
   std::vector<cm::Connection> kept;
   for (int i = 0; i < 5; ++i) {
@@ -1829,8 +1830,7 @@ TEST_F(CmEventLoop, ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListene
     kept.push_back(std::move(*conn));
     kept.push_back(client.get());
   }
-  stop = true;
-  reader.join();
+  reader.stop();
   EXPECT_LT(longest, 5s) << "an accept slept until a deadline: " << std::chrono::duration<double>(longest).count() << " s";
 }
 
