@@ -677,6 +677,75 @@ std::shared_ptr<rdma_event_channel> channel_of(const std::shared_ptr<ChannelHub>
   return {hub, hub->ch};
 }
 
+/// What an EventChannel's readers handed to one owner that reads it later (a handshake in
+/// progress, a listener), under the hub's mutex. `fd` is made by an owner about to sleep
+/// (sleep()), since another thread may read its event off the channel; keep() writes it.
+struct HandedOver {
+  std::vector<Event> events;  // an event or two at a time: no deque's first block
+  bool lost = false;          // one could not be kept (no memory)
+  int fd = -1;
+
+  HandedOver() = default;
+  HandedOver(const HandedOver&) = delete;
+  HandedOver& operator=(const HandedOver&) = delete;
+  ~HandedOver() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  /// Under the hub's mutex: keeps `e` (false, and `lost`, when it cannot) and wakes a sleeper
+  /// either way.
+  bool keep(Event&& e) noexcept {
+    bool kept = true;
+    try {
+      events.push_back(std::move(e));
+    } catch (const std::bad_alloc&) {
+      lost = true;
+      kept = false;
+    }
+    if (fd >= 0) {
+      const std::uint64_t one = 1;
+      (void)!::write(fd, &one, sizeof one);
+    }
+    return kept;
+  }
+
+  /// The next event without blocking: one kept already, else one this read of the channel
+  /// hands over. Empty with `ec` clear when there is none; ENOMEM once one was lost.
+  std::optional<Event> next(ChannelHub& hub, std::error_code& ec) {
+    ec.clear();
+    const auto take = [&]() -> std::optional<Event> {
+      const std::lock_guard lock(hub.mutex);
+      if (lost) ec = std::make_error_code(std::errc::not_enough_memory);
+      if (lost || events.empty()) return std::nullopt;
+      Event e = std::move(events.front());
+      events.erase(events.begin());
+      return e;
+    };
+    if (auto e = take(); e || ec) return e;  // handed over already (dispatch() read it)
+    hub.pump(ec);
+    if (ec) return std::nullopt;
+    return take();
+  }
+
+  /// Sleeps until the channel is readable or something is kept, or `deadline`. `fd` is made
+  /// before `events` is looked at, under the mutex keep() runs under: neither can be missed.
+  void sleep(ChannelHub& hub, Clock::time_point deadline, Phase phase, SourceLocation where) {
+    {
+      const std::lock_guard lock(hub.mutex);
+      if (fd < 0) {
+        fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd < 0) fail(errno, phase, "eventfd", where);
+      }
+      if (!events.empty() || lost) return;
+    }
+    std::array<pollfd, 2> fds{{{hub.ch->fd, POLLIN, 0}, {fd, POLLIN, 0}}};
+    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
+      fail(errno, phase, "poll", where);
+    std::uint64_t n = 0;
+    (void)!::read(fd, &n, sizeof n);  // what it says is in `events`, which next() reads
+  }
+};
+
 }  // namespace internal
 using namespace internal;
 
@@ -767,14 +836,10 @@ struct Connection::Impl {
   std::atomic<int> fatal_event{-1};
   // On an EventChannel (`shared`), under its mutex: while the handshake runs, the events its
   // readers hand over wait in `inbox` for step(); once established, deliver() notes them at
-  // once (note()), as pump() does on a channel of its own. `inbox_lost`: one could not be kept.
+  // once (note()), as pump() does on a channel of its own.
   bool channel_routed = false;
   bool handshaking = true;
-  std::vector<Event> inbox;  // a handshake has an event or two here: no deque's first block
-  bool inbox_lost = false;
-  // Written by deliver() with each event it keeps: made by a blocking connect() or accept()
-  // before it sleeps (wait_handshake()), since another thread may read its event off the channel.
-  int inbox_fd = -1;
+  HandedOver inbox;
 
   ~Impl() {
     // Out of the hubs first: their routes must not be called with this Impl half destroyed.
@@ -790,7 +855,6 @@ struct Connection::Impl {
     qp.reset();  // before the CQs, PD and id it uses, and the regions of its requests
     if (const int fd = over_fd.load(); fd >= 0) ::close(fd);
     if (const int fd = gone_fd.load(); fd >= 0) ::close(fd);
-    if (inbox_fd >= 0) ::close(inbox_fd);
   }
 
   /// The eventfd in `slot`, made now if no thread made it yet; -1 with errno set on failure.
@@ -997,7 +1061,7 @@ struct Connection::Impl {
     {
       const std::lock_guard lock(shared->mutex);
       handshaking = false;
-      left.swap(inbox);
+      left.swap(inbox.events);
     }
     for (const Event& e : left) note(e);
   }
@@ -1037,15 +1101,7 @@ struct Connection::Impl {
       c.note(e);
       return true;
     }
-    try {
-      c.inbox.push_back(std::move(e));
-    } catch (const std::bad_alloc&) {
-      c.inbox_lost = true;
-    }
-    if (c.inbox_fd >= 0) {
-      const std::uint64_t one = 1;
-      (void)!::write(c.inbox_fd, &one, sizeof one);
-    }
+    (void)c.inbox.keep(std::move(e));  // one it cannot keep fails the handshake (next())
     return true;
   }
 
@@ -1054,26 +1110,12 @@ struct Connection::Impl {
 
   /// Sleeps until the handshake may have news, or `deadline`: for connect() and accept(), which
   /// step() when it returns. On an EventChannel, another thread may have taken the handshake's
-  /// event off the channel and kept it in `inbox`: it writes inbox_fd, made here before the
-  /// inbox is looked at (under the hub's lock, as deliver() runs), so neither can be missed.
+  /// event off the channel and kept it in `inbox` (HandedOver::sleep).
   void wait_handshake(Clock::time_point deadline, Phase phase, SourceLocation where) {
-    if (!shared) {
+    if (shared)
+      inbox.sleep(*shared, deadline, phase, where);
+    else
       wait_readable(channel->fd, deadline, phase, where);
-      return;
-    }
-    {
-      const std::lock_guard lock(shared->mutex);
-      if (inbox_fd < 0) {
-        inbox_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (inbox_fd < 0) fail(errno, phase, "eventfd", where);
-      }
-      if (!inbox.empty() || inbox_lost) return;
-    }
-    std::array<pollfd, 2> fds{{{channel->fd, POLLIN, 0}, {inbox_fd, POLLIN, 0}}};
-    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
-      fail(errno, phase, "poll", where);
-    std::uint64_t n = 0;
-    (void)!::read(inbox_fd, &n, sizeof n);  // what it says is in the inbox, which step() reads next
   }
 
   /// Joins the routes of `shared` (the id is made or migrated there by the caller).
@@ -1085,20 +1127,7 @@ struct Connection::Impl {
   /// The handshake's next event, without blocking: from its own channel, or what an
   /// EventChannel's readers handed over. Empty with `ec` clear when there is none yet.
   std::optional<Event> next(std::error_code& ec) {
-    if (!shared) return next_event(channel.get(), Clock::time_point{}, ec);
-    ec.clear();
-    const auto take = [&]() -> std::optional<Event> {
-      const std::lock_guard lock(shared->mutex);
-      if (inbox_lost) ec = std::make_error_code(std::errc::not_enough_memory);
-      if (inbox_lost || inbox.empty()) return std::nullopt;
-      Event e = std::move(inbox.front());
-      inbox.erase(inbox.begin());
-      return e;
-    };
-    if (auto e = take(); e || ec) return e;  // handed over already (dispatch() read it)
-    shared->pump(ec);
-    if (ec) return std::nullopt;
-    return take();
+    return shared ? inbox.next(*shared, ec) : next_event(channel.get(), Clock::time_point{}, ec);
   }
 
   /// The async event reader's route (detail::AsyncRoute), under its lock: an event of this QP,
@@ -1831,13 +1860,10 @@ struct Listener::Impl {
   std::uint16_t port = 0;
   milliseconds handshake_timeout{};
   // On an EventChannel, under its mutex: the events its readers handed over (connection
-  // requests, a DEVICE_REMOVAL) wait here for start_accept(); inbox_fd (made by a blocking
-  // accept() before it sleeps) is written with each.
+  // requests, a DEVICE_REMOVAL) wait here for start_accept().
   bool channel_routed = false;
-  std::vector<Event> inbox;
-  int inbox_fd = -1;
-  std::size_t backlog = 0;   // ListenOptions::backlog: the requests `inbox` keeps at most
-  std::size_t requests = 0;  // the requests in `inbox`
+  HandedOver inbox;
+  std::size_t backlog = 0;  // ListenOptions::backlog: the requests `inbox` keeps at most
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -1850,73 +1876,40 @@ struct Listener::Impl {
       {
         const std::lock_guard lock(shared->mutex);
         shared->remove_locked(id.get());
-        left.swap(inbox);
+        left.swap(inbox.events);
         for (const Event& e : left)
           if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) shared->remove_locked(e.id);
       }
       for (const Event& e : left)
         if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) ChannelHub::refuse(e.id);
     }
-    if (inbox_fd >= 0) ::close(inbox_fd);
   }
 
   /// The listener's route on an EventChannel (ChannelHub::Deliver).
   static bool deliver(void* self, Event&& e) noexcept {
     auto& l = *static_cast<Impl*>(self);
     // The kernel's backlog ends where the channel is read: this one holds what it would have.
-    const bool request = e.type == RDMA_CM_EVENT_CONNECT_REQUEST;
-    if (request && l.requests >= l.backlog) return false;  // refused by the hub, as a full backlog would
-    try {
-      l.inbox.push_back(std::move(e));
-    } catch (const std::bad_alloc&) {
-      return false;  // a request is refused by the hub; anything else concerns no listener
-    }
-    if (request) ++l.requests;
-    if (l.inbox_fd >= 0) {
-      const std::uint64_t one = 1;
-      (void)!::write(l.inbox_fd, &one, sizeof one);
-    }
-    return true;
+    const auto is_request = [](const Event& x) { return x.type == RDMA_CM_EVENT_CONNECT_REQUEST; };
+    if (is_request(e) &&
+        static_cast<std::size_t>(std::count_if(l.inbox.events.begin(), l.inbox.events.end(), is_request)) >= l.backlog)
+      return false;  // refused by the hub, as a full backlog would
+    if (l.inbox.keep(std::move(e))) return true;
+    l.inbox.lost = false;  // a request is refused by the hub; anything else concerns no listener
+    return false;
   }
 
   /// The next event for the listener, without blocking: from its own channel, or what the
   /// EventChannel's readers handed over. Empty with `ec` clear when there is none.
   std::optional<Event> next(std::error_code& ec) {
-    if (!shared) return next_event(channel.get(), Clock::time_point{}, ec);
-    ec.clear();
-    const auto take = [&]() -> std::optional<Event> {
-      const std::lock_guard lock(shared->mutex);
-      if (inbox.empty()) return std::nullopt;
-      Event e = std::move(inbox.front());
-      inbox.erase(inbox.begin());
-      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) --requests;
-      return e;
-    };
-    if (auto e = take()) return e;
-    shared->pump(ec);
-    if (ec) return std::nullopt;
-    return take();
+    return shared ? inbox.next(*shared, ec) : next_event(channel.get(), Clock::time_point{}, ec);
   }
 
-  /// Sleeps until a request may have come, or `deadline` (as Connection::Impl::wait_handshake).
+  /// Sleeps until a request may have come, or `deadline`.
   void wait(Clock::time_point deadline, SourceLocation where) {
-    if (!shared) {
+    if (shared)
+      inbox.sleep(*shared, deadline, Phase::accept, where);
+    else
       wait_readable(channel->fd, deadline, Phase::accept, where);
-      return;
-    }
-    {
-      const std::lock_guard lock(shared->mutex);
-      if (inbox_fd < 0) {
-        inbox_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (inbox_fd < 0) fail(errno, Phase::accept, "eventfd", where);
-      }
-      if (!inbox.empty()) return;
-    }
-    std::array<pollfd, 2> fds{{{channel->fd, POLLIN, 0}, {inbox_fd, POLLIN, 0}}};
-    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
-      fail(errno, Phase::accept, "poll", where);
-    std::uint64_t n = 0;
-    (void)!::read(inbox_fd, &n, sizeof n);
   }
 };
 
@@ -2086,14 +2079,12 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
         // came for the id since its request is handed over now.
         c->join(o.channel_key);
       } catch (...) {
-        if (impl_->shared) impl_->shared->remove(req->id);
-        rdma_reject(req->id, nullptr, 0);
+        rdma_reject(req->id, nullptr, 0);  // (its id leaves the hub as it goes)
         throw;
       }
     }
-    if (impl_->shared) {
-      // No rdma_migrate_id(3): the id is where it belongs.
-    } else if (rdma_migrate_id(req->id, c->channel.get()) != 0) {
+    // On the listener's EventChannel the id is where it belongs already.
+    if (!impl_->shared && rdma_migrate_id(req->id, c->channel.get()) != 0) {
       const int err = errno;
       rdma_reject(req->id, nullptr, 0);
       fail(err, Phase::accept, "rdma_migrate_id", where);

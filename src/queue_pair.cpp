@@ -422,10 +422,11 @@ void QueuePair::modify(ibv_qp_attr& attr, int mask, SourceLocation where) {
   if ((mask & IBV_QP_STATE) != 0) set_state_(static_cast<std::uint8_t>(attr.qp_state));
   // An address vector with a GRH names the source GID the QP now uses (rdma_cm's, for a
   // connection: over IPv6 or a VLAN it is not choose_gid's pick).
-  if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && gid_at_rtr_) {
+  const bool names_gid = (mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0;
+  if (names_gid && gid_at_rtr_) {
     gid_index_ = attr.ah_attr.grh.sgid_index;  // the index of the GID rdma_cm gave at creation
     gid_at_rtr_ = false;
-  } else if ((mask & IBV_QP_AV) != 0 && attr.ah_attr.is_global != 0 && attr.ah_attr.grh.sgid_index != gid_index_) {
+  } else if (names_gid && attr.ah_attr.grh.sgid_index != gid_index_) {
     ibv_gid g{};
     const std::uint8_t port = (mask & IBV_QP_PORT) != 0 ? attr.port_num : port_;
     if (ibv_query_gid(qp_->context, port, attr.ah_attr.grh.sgid_index, &g) == 0) {
