@@ -1317,6 +1317,14 @@ void check_writes_both_ways(cm::Connection& a, cm::Connection& b, std::size_t by
   }
 }
 
+// Both sides' QPs use a path MTU of `want` (ibv_query_qp): the smaller side's, agreed in the
+// handshake, not rdma_cm's route MTU.
+void expect_path_mtu(cm::Connection& a, cm::Connection& b, Mtu want) {
+  for (cm::Connection* c : {&a, &b})
+    EXPECT_EQ(mtu_bytes(c->qp().query().path_mtu), mtu_bytes(want))
+        << (c == &a ? "first" : "second") << " connection's QP";
+}
+
 cm::ConnectionOptions writable(std::optional<Mtu> mtu = std::nullopt) {
   return {.qp = {.access = Access::remote_write}, .transport = {.path_mtu = mtu}};
 }
@@ -1340,6 +1348,7 @@ TEST_F(Cm, AServerThatTakesASmallerMtuHasTheClientWriteAtIt) {
   EXPECT_EQ(client.remote(), region.remote());
   ASSERT_GE(client.peer_private_data().size(), hello.size());  // zero-padded by the transport
   EXPECT_TRUE(std::equal(hello.begin(), hello.end(), client.peer_private_data().begin()));
+  expect_path_mtu(client, conn, Mtu::mtu512);
   check_writes_both_ways(client, conn, 1000);
 }
 
@@ -1373,6 +1382,7 @@ TEST_F(Cm, AClientThatTakesASmallerMtuHasTheServerWriteAtIt) {
   cm::Connection client =
       cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = writable(Mtu::mtu512)});
   cm::Connection conn = server.get();
+  expect_path_mtu(client, conn, Mtu::mtu512);
   check_writes_both_ways(client, conn, 1000);
 }
 

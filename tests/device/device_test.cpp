@@ -10,7 +10,9 @@
 #include <chrono>
 #include <thread>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <type_traits>
 
@@ -179,13 +181,23 @@ TEST_F(Device, PkeyTableHoldsTheDefaultPartition) {
 
 // Port speed (rdma-core tests/test_device.py checks active width and speed): codes the library
 // knows, and a rate. rxe takes them from its netdev's ethtool speed.
+// The port's width and lane rate, decoded by the library, against the kernel's own decoding of
+// the same attributes (sysfs ports/1/rate: "100 Gb/sec (4X EDR)"; the kernel rounds a lane to
+// 0.5 Gb/s, e.g. FDR's 14.0625 to 14).
 TEST_F(Device, PortSpeedIsAKnownWidthAndLaneRate) {
   const verbs::PortInfo p = dev->port(1);
   EXPECT_GT(p.lanes(), 0u) << "active_width " << int{p.active_width};
   EXPECT_GT(p.lane_gbps(), 0.0) << "active_speed " << p.active_speed;
-  EXPECT_DOUBLE_EQ(p.rate_gbps(), p.lanes() * p.lane_gbps());
+  std::ifstream f("/sys/class/infiniband/" + dev->name() + "/ports/1/rate");
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line)) << "no sysfs rate for " << dev->name();
+  double kernel_gbps = 0;
+  unsigned kernel_lanes = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "%lf Gb/sec (%uX", &kernel_gbps, &kernel_lanes), 2) << line;
+  EXPECT_EQ(p.lanes(), kernel_lanes) << line;
+  EXPECT_NEAR(p.rate_gbps(), kernel_gbps, 0.5 * kernel_lanes) << line;
   std::cout << dev->name() << " port 1: " << p.lanes() << "X at " << p.lane_gbps() << " Gb/s a lane: " << p.rate_gbps()
-            << " Gb/s\n";
+            << " Gb/s (sysfs: " << line << ")\n";
 }
 
 TEST_F(Device, GidTableHasRoceV2Ipv4MappedEntryOnTheTestNetdev) {

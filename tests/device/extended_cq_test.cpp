@@ -51,6 +51,7 @@ TEST_F(ExtendedCq, APassReadsTheFieldsAskedFor) {
   EXPECT_EQ(b[0].byte_len(), 1000u);
   EXPECT_EQ(b[0].imm_data(), 0xfeedu);
   EXPECT_EQ(b[0].qp_num(), p.b.qp_num());
+  EXPECT_TRUE(b[0].src_qp().has_value()) << "asked for, so read (its value is the sender's QP on UD only)";
   EXPECT_EQ(b[1].wr_id(), 11u);
   EXPECT_EQ(b[1].opcode(), WcOpcode::recv_rdma_with_imm);
   EXPECT_EQ(b[1].imm_data(), 7u);
@@ -141,8 +142,7 @@ TEST_F(ExtendedCq, TimestampsOnlyWhereTheDeviceHasThem) {
     ASSERT_TRUE(e);
     EXPECT_EQ(e->code(), std::errc::operation_not_supported);
     EXPECT_TRUE(contains(e->what(), "completion_timestamp_mask")) << e->what();
-    GTEST_SKIP() << dev->name() << " has no completion timestamps (completion_timestamp_mask 0): refused before "
-                 << "creation, as checked";
+    return;  // no timestamps (rxe): refused before creation, as the name says and as checked
   }
   QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(),
            {.depth = 64, .extended = true, .fields = WcField::completion_timestamp});
@@ -172,16 +172,20 @@ TEST_F(ExtendedCq, ResizeKeepsTheCompletionsWaiting) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(completed(got[i], WcOpcode::rdma_write, i + 1));
 }
 
-TEST_F(ExtendedCq, ModerationWhereTheDeviceHasIt) {
+// Moderation (ibv_modify_cq): rxe refuses it (EOPNOTSUPP), and that refusal is asserted there, so
+// that an rxe that moderates is noticed. Elsewhere a moderated CQ's completions still wake a
+// waiter; that the device holds its events back is not observable here, and not asserted.
+TEST_F(ExtendedCq, ModerationIsRefusedOnRxeAndAModeratedCqStillWakesAWaiter) {
   QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .with_channel = true});
-  try {
-    p.cq_a.moderate(4, 100);
-  } catch (const verbs::Error& e) {
-    if (e.code() == std::errc::operation_not_supported || e.code() == std::errc::function_not_supported)
-      GTEST_SKIP() << dev->name() << " does not moderate its CQs: " << e.what();
-    throw;
+  if (is_rxe(*dev)) {
+    const auto e = thrown_error([&] { p.cq_a.moderate(4, 100); });
+    ASSERT_TRUE(e) << platform(*dev) << " moderates its CQs, which rxe of Linux 6.1 refused: the success path below "
+                   << "can run here now";
+    EXPECT_TRUE(e->code() == std::errc::operation_not_supported || e->code() == std::errc::function_not_supported)
+        << platform(*dev) << ": " << e->what();
+    return;
   }
-  // Moderated, the completions still wake a waiter.
+  p.cq_a.moderate(4, 100);
   for (std::uint64_t i = 1; i <= 4; ++i)
     ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 8), dst->remote().slice(0, 8), {.wr_id = i})));
   std::array<verbs::Completion, 4> buf{};

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <sys/utsname.h>
+
 namespace verbs::test {
 
 std::optional<Device> open_test_device(std::string& why) {
@@ -118,6 +120,13 @@ void fill_pattern(std::span<std::byte> bytes, unsigned seed) {
     x = x * 1103515245u + 12345u;
     bytes[i] = static_cast<std::byte>((x >> 16) ^ i);
   }
+}
+
+bool is_rxe(const Device& dev) { return dev.name().rfind("rxe", 0) == 0; }
+
+std::string platform(const Device& dev) {
+  utsname u{};
+  return dev.name() + " on Linux " + (::uname(&u) == 0 ? u.release : "?");
 }
 
 std::vector<std::byte> pattern(std::size_t size, unsigned seed) {

@@ -104,4 +104,10 @@ struct QpPair {
 /// The pattern fill_pattern writes, as a vector.
 std::vector<std::byte> pattern(std::size_t size, unsigned seed);
 
+/// SoftRoCE: where a test asserts what rxe does instead of what a NIC may do.
+bool is_rxe(const Device& dev);
+/// "rxe0 on Linux 6.1.0-57-amd64": for the message of an assertion about one platform's
+/// behaviour, so that a kernel that changes it says which one did.
+std::string platform(const Device& dev);
+
 }  // namespace verbs::test

@@ -340,6 +340,8 @@ TEST_F(MemoryRegion, ARegionKeepsTakingRdmaWritesInTheParentAfterAFork) {
 // Relaxed ordering (rdma-core tests/test_relaxed_ordering.py): a region registered with it takes
 // RDMA writes and gives RDMA reads, byte for byte. (It is an optional access flag: a device
 // without it registers the region as though it were not asked.)
+// rxe accepts IBV_ACCESS_RELAXED_ORDERING and ignores it, so this shows only that such a region
+// works; that the flag reaches ibv_reg_mr is FakeRegistration.ARelaxedOrderingRegionIsRegisteredWithTheFlag.
 TEST_F(MemoryRegion, RelaxedOrderingRegionCarriesWritesAndReads) {
   const auto ro = Access::local_write | Access::remote_write | Access::remote_read | Access::relaxed_ordering;
   auto target = verbs::MemoryRegion::allocate(*pd, 64 * 1024, ro);

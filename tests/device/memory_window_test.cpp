@@ -27,6 +27,11 @@ static_assert(!std::is_copy_constructible_v<MemoryWindow> && !std::is_copy_assig
 
 constexpr auto kWindowRights = Access::remote_read | Access::remote_write;
 
+// In a test's own body: GTEST_SKIP returns from the function it is in, so a helper that skipped
+// would let the test go on.
+#define VERBS_NEED_TYPE2() \
+  if (!type2) GTEST_SKIP() << dev->name() << " has no type 2 memory windows"
+
 class Window : public RegionsTest<64 * 1024> {
  protected:
   void SetUp() override {
@@ -37,9 +42,6 @@ class Window : public RegionsTest<64 * 1024> {
     type2 = (caps & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
     // The responder's region: what the windows open, registered for binding.
     target.emplace(MemoryRegion::allocate(*pd, 64 * 1024, all_access | Access::mw_bind));
-  }
-  void need_type2() const {
-    if (!type2) GTEST_SKIP() << dev->name() << " has no type 2 memory windows";
   }
   /// Binds `w` to target[offset, offset + len) through `qp`, and waits for the bind's completion on `cq`.
   void bind(MemoryWindow& w, verbs::QueuePair& qp, verbs::CompletionQueue& cq, std::size_t offset, std::size_t len,
@@ -68,7 +70,7 @@ class Window : public RegionsTest<64 * 1024> {
 };
 
 TEST_F(Window, Type2BindOpensTheRangeUnderANewRkey) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd, MwType::type2);
   EXPECT_EQ(w.type(), MwType::type2);
@@ -91,7 +93,7 @@ TEST_F(Window, Type2BindOpensTheRangeUnderANewRkey) {
 
 // A window on a region registered at an IOVA opens the IOVA range it is bound to.
 TEST_F(Window, AWindowOnARegionAtAnIovaOpensThatIovaRange) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   verbs::Buffer memory(64 * 1024);
   MemoryRegion zero_based(*pd, memory.span(), all_access | Access::mw_bind, verbs::Iova{0});
   QpPair p(*dev, *pd, {.access = all_access});
@@ -115,7 +117,7 @@ TEST_F(Window, AWindowOnARegionAtAnIovaOpensThatIovaRange) {
 }
 
 TEST_F(Window, ABindAfterAnInvalidateChangesTheRkeyAndTheOldOneStopsWorking) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
@@ -132,7 +134,7 @@ TEST_F(Window, ABindAfterAnInvalidateChangesTheRkeyAndTheOldOneStopsWorking) {
 // The device fails these in the bind's completion (a bound type 2 window: MW_BIND_ERR, status
 // 6, measured on rxe) and moves the QP to ERR; the window refuses them before posting.
 TEST_F(Window, BindingABoundOrToNothingType2WindowIsRejectedBeforePosting) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   EXPECT_TRUE(rejected(w.bind(p.b, *target, target->slice(0, 0), kWindowRights), Errc::mw_bind_not_allowed));
@@ -149,7 +151,7 @@ TEST_F(Window, BindingABoundOrToNothingType2WindowIsRejectedBeforePosting) {
 }
 
 TEST_F(Window, InvalidatingAWindowThatIsNotBoundOrThroughAnotherQpIsRejected) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   EXPECT_TRUE(rejected(w.invalidate(p.b), Errc::mw_bind_not_allowed)) << "never bound";
@@ -163,7 +165,7 @@ TEST_F(Window, InvalidatingAWindowThatIsNotBoundOrThroughAnotherQpIsRejected) {
 }
 
 TEST_F(Window, WindowsAreForRcAndUcQpsOfTheirOwnPd) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   MemoryWindow w(*pd);
   QpPair ud(*dev, *pd, {.type = verbs::QpType::ud});
   EXPECT_TRUE(rejected(w.bind(ud.a, *target, target->slice(0, 64), kWindowRights), Errc::wrong_qp_type));
@@ -184,7 +186,7 @@ TEST_F(Window, WindowsAreForRcAndUcQpsOfTheirOwnPd) {
 }
 
 TEST_F(Window, LocalInvalidateTakesTheWindowBack) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
@@ -195,7 +197,7 @@ TEST_F(Window, LocalInvalidateTakesTheWindowBack) {
 }
 
 TEST_F(Window, SendWithInvalidateTakesThePeersWindowAndSaysWhich) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
@@ -204,7 +206,7 @@ TEST_F(Window, SendWithInvalidateTakesThePeersWindowAndSaysWhich) {
 }
 
 TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   bind(w, p.b, p.cq_b, 0, 4096);
@@ -218,7 +220,7 @@ TEST_F(Window, AfterThePeersInvalidateTheWindowBindsAgain) {
 
 // On an extended QP a type 2 bind goes through ibv_wr_bind_mw: the same window, rkey and access.
 TEST_F(Window, Type2BindOnAnExtendedQpGoesThroughIbvWrBindMw) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access, .extended = true});
   ASSERT_NE(p.b.send_ops() & IBV_QP_EX_WITH_BIND_MW, 0u);
   MemoryWindow w(*pd);
@@ -240,7 +242,7 @@ TEST_F(Window, Type2BindOnAnExtendedQpGoesThroughIbvWrBindMw) {
 
 // The same two invalidations posted through the extended API (SendBatch) on extended QPs.
 TEST_F(Window, SendWithInvalidateAndLocalInvalidateThroughABatch) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access, .extended = true});
   ASSERT_NE(p.a.send_ops() & IBV_QP_EX_WITH_SEND_WITH_INV, 0u);
   MemoryWindow w(*pd);
@@ -284,7 +286,7 @@ TEST_F(Window, Type1BindThroughIbvBindMwOpensTheRange) {
 }
 
 TEST_F(Window, BindsTheRegionOrTheQpCannotTakeAreRejectedWithNothingPosted) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd);
   const std::uint32_t rkey = w.rkey();
@@ -319,7 +321,7 @@ TEST_F(Window, BindsTheRegionOrTheQpCannotTakeAreRejectedWithNothingPosted) {
 // under a bound window cannot be deregistered (EINVAL). The window keeps both until it is
 // deallocated, so the user's teardown order does not matter.
 TEST_F(Window, TearingDownTheQpAndTheRegionBeforeTheBoundWindowDoesNotStall) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   std::optional<QpPair> p(std::in_place, *dev, *pd, verbs::QpOptions{.access = all_access});
   std::optional<MemoryWindow> w(std::in_place, *pd);
   bind(*w, p->b, p->cq_b, 0, 4096);
@@ -338,7 +340,7 @@ TEST_F(Window, TearingDownTheQpAndTheRegionBeforeTheBoundWindowDoesNotStall) {
 // into freed heap. (Before the fix the buffer was freed with the region: ASan reported a
 // heap-use-after-free reading it below.)
 TEST_F(Window, ARegionsOwnMemoryLivesWhileAWindowBoundToItDoes) {
-  need_type2();
+  VERBS_NEED_TYPE2();
   QpPair p(*dev, *pd, {.access = all_access});
   MemoryWindow w(*pd, MwType::type2);
   bind(w, p.b, p.cq_b, 0, 4096);

@@ -118,12 +118,10 @@ TEST_F(SharedReceiveQueue, LimitEventFiresWhenReceivesDropBelowTheLimit) {
   if (const auto early = dev->wait_async_event(300ms)) FAIL() << "event at 4 receives left: " << early->name();
 
   send_from_c1(1);  // 3 left
-  const auto start = std::chrono::steady_clock::now();
   const auto ev = dev->wait_async_event(5s);
   ASSERT_TRUE(ev) << "no SRQ limit event within 5 s";
   EXPECT_EQ(ev->type, IBV_EVENT_SRQ_LIMIT_REACHED) << ev->name();
   EXPECT_EQ(ev->raw.element.srq, srq->native_handle());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   EXPECT_EQ(srq->limit(), 0u) << "the limit disarms itself when it fires";
 
   send_from_c1(2);  // disarmed: no second event
