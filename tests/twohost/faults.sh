@@ -5,11 +5,15 @@
 # long the transfer, or the failure, took.
 #
 # Usage: faults.sh CASE WIRE_PEER VERBS_INFO
+# Each of loss1, loss5, delay, reorder, duplicate and soak first runs its traffic with no fault (a
+# control, whose rxe counters must stay at 0), then with the fault, whose counters must show it.
 #   loss1, loss5          netem loss of 1% / 5% on both hosts' eth0: every round completes, checked
-#                         (loss5 with messages of at most 4 KiB: see there)
+#                         (loss5 with messages of at most 4 KiB: see there); netem dropped packets
+#                         and rxe recovered
 #   delay                 15 ms each way and 1-15 ms of jitter, in order: every round completes
 #   reorder               5% of packets overtake the rest (5 ms late)
-#   duplicate             5% of packets twice: no atomic executes twice
+#   duplicate             5% of packets twice: the responders saw duplicates, and in a phase of
+#                         atomics alone host a saw one twice; no atomic executes twice
 #   link_down_survives    host a's eth0 down for 2 s mid-run, with an ack timeout of 1.07 s (retry
 #                         budget > 7 s): data intact; each connection survives or exhausts its
 #                         retries within the budget, and the next one works. By hand only (not in
@@ -90,6 +94,66 @@ netem() {
   "$pair" run tc qdisc add dev eth0 root netem "$@" || { fail "tc netem $* on host a"; return 1; }
 }
 
+# Every fault case shows that its fault happened, and a control shows the same traffic without
+# it sees none of that: counters are read on both hosts before and after a phase. rxe's own
+# (hw_counters of rxe0's port: requests a responder saw twice or out of order, NAKs for a
+# sequence error a requester received, its retransmissions after an ACK timeout) and netem's
+# (tc -s: packets it dropped).
+counters_here() {
+  local h=$1 d=/sys/class/infiniband/rxe0/ports/1/hw_counters f dropped
+  for f in duplicate_request out_of_seq_request rcvd_seq_err completer_retry_err; do
+    echo "$h.$f $(cat "$d/$f" 2>/dev/null || echo missing)"
+  done
+  dropped=$(tc -s qdisc show dev eth0 | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -n 1)
+  echo "$h.netem_dropped ${dropped:-0}"
+}
+# snapshot FILE: both hosts' counters ("a.NAME VALUE", "b.NAME VALUE").
+snapshot() {
+  { counters_here b; "$pair" run bash -c "$(declare -f counters_here); counters_here a"; } >"$1"
+}
+# deltas BEFORE AFTER: "NAME DIFFERENCE" for each counter (printed by the caller).
+deltas() { awk 'NR == FNR { v[$1] = $2; next } { print $1, $2 - v[$1] }' "$1" "$2"; }
+# sum_of DELTAS NAME...: the sum of those counters' differences (NAME like a.duplicate_request).
+sum_of() {
+  local file=$1
+  shift
+  awk -v names=" $* " 'index(names, " " $1 " ") { s += $2 } END { print s + 0 }' "$file"
+}
+# phase NAME CMD...: runs a checked client phase between two snapshots; the differences are in
+# $work/NAME.deltas, printed on one line.
+phase() {
+  local name=$1
+  shift
+  snapshot "$work/$name.before" || { fail "cannot read the counters before $name"; return 1; }
+  checked "$name" "$@"
+  snapshot "$work/$name.after" || { fail "cannot read the counters after $name"; return 1; }
+  deltas "$work/$name.before" "$work/$name.after" >"$work/$name.deltas"
+  grep -q missing "$work/$name.after" && fail "a counter is missing: $(grep missing "$work/$name.after" | tr '\n' ' ')"
+  echo "counters over $name: $(tr '\n' ' ' <"$work/$name.deltas")"
+}
+# seen NAME WHAT NAMES...: the fault showed in those counters over phase NAME (their sum > 0).
+seen() {
+  local name=$1 what=$2 n
+  shift 2
+  n=$(sum_of "$work/$name.deltas" "$@")
+  echo "$what: $n ($*)"
+  ((n > 0)) || fail "$what: none over $name ($*): did the fault happen?"
+}
+# control ARGS...: the case's traffic with no fault on the wire (before it is made): every rxe
+# counter above must stay at 0, or the fault case's counts would prove nothing.
+control() {
+  phase control "$@" || return
+  local n
+  n=$(sum_of "$work/control.deltas" {a,b}.{duplicate_request,out_of_seq_request,rcvd_seq_err,completer_retry_err} {a,b}.netem_dropped)
+  ((n == 0)) || fail "the control (no fault) saw $n duplicates, sequence errors or retransmissions: the fault cases' counts prove nothing"
+}
+# mean_round_ms NAME CONNECTIONS: a phase's mean round on each connection (its whole time, set up
+# included, over its rounds), from wire_peer's summary line.
+mean_round_ms() {
+  sed -n 's/^wire_peer: [0-9]* connections*, \([0-9]*\) rounds ([0-9]* operations) in \([0-9.]*\) s: .*/\1 \2/p' "$work/$1" |
+    awk -v c="$2" '$1 > 0 { printf "%d\n", $2 * 1000 * c / $1 }'
+}
+
 # serve_on_a [ARGS...]: wire_peer's server on host a, in the background (job "server").
 serve_on_a() {
   # What an earlier server left (before host a lost power: its output, its status) must not
@@ -149,42 +213,71 @@ failed_within() {
 
 case $case_name in
   loss1)
-    netem loss 1%
     serve_on_a "${emu[@]}"
-    checked client -c 2 -n 60 "${emu[@]}"
+    control -c 2 -n 20 "${emu[@]}"
+    netem loss 1%
+    phase client -c 2 -n 60 "${emu[@]}"
+    seen client "packets netem dropped" a.netem_dropped b.netem_dropped
+    seen client "rxe's recoveries (sequence errors, retransmissions, duplicates)" \
+      {a,b}.{out_of_seq_request,rcvd_seq_err,completer_retry_err,duplicate_request}
     stop_server
     ;;
   loss5)
     # Messages of at most 4 KiB (4 packets): on rxe every sequence-error NAK costs a transport
     # retry, so at 5% loss a 48 KiB message (48 packets, ~2.4 lost per try) ran out of its 7
     # tries now and then (RETRY_EXC_ERR after 3.3 s, 1 run in 3).
-    netem loss 5%
     serve_on_a "${emu[@]}"
-    checked client -c 2 -n 60 --max-size 4096 "${emu[@]}"
+    control -c 2 -n 20 --max-size 4096 "${emu[@]}"
+    netem loss 5%
+    phase client -c 2 -n 60 --max-size 4096 "${emu[@]}"
+    seen client "packets netem dropped" a.netem_dropped b.netem_dropped
+    seen client "rxe's recoveries (sequence errors, retransmissions, duplicates)" \
+      {a,b}.{out_of_seq_request,rcvd_seq_err,completer_retry_err,duplicate_request}
     stop_server
     ;;
   delay)
     # 15 ms each way plus 1-15 ms of jitter, in order (netem's slots hold packets back in a
     # queue; its plain jitter would reorder them, which is the reorder case): round trips of
-    # 32-60 ms.
-    netem delay 15ms slot 1ms 15ms
+    # 32-60 ms. netem counts no delays: the proof is the rounds' length, which a delay can only
+    # add to. A round is at least four round trips (write, read, send and its echo, atomic): so
+    # at least 4 x 30 ms.
     serve_on_a "${emu[@]}"
-    checked client -c 2 -n 30 "${emu[@]}"
+    control -c 2 -n 10 "${emu[@]}"
+    netem delay 15ms slot 1ms 15ms
+    phase client -c 2 -n 30 "${emu[@]}"
+    fast=$(mean_round_ms control 2) slow=$(mean_round_ms client 2)
+    echo "mean round: ${fast:-?} ms without the delay, ${slow:-?} ms with it"
+    ((${slow:-0} >= 120)) || fail "the mean round with 15 ms each way took ${slow:-?} ms, under 4 round trips of 30 ms: was there a delay?"
     stop_server
     ;;
   reorder)
     # 5% of packets overtake the others (sent at once, the rest 5 ms late). A packet that comes
     # early makes the responder NAK a sequence error and the requester go back: on rxe every such
     # NAK costs a transport retry, so heavy reordering ends a connection (25% did, in 0.6 s).
-    netem delay 5ms reorder 5% 50%
     serve_on_a "${emu[@]}"
-    checked client -c 2 -n 40 "${emu[@]}"
+    control -c 2 -n 20 "${emu[@]}"
+    netem delay 5ms reorder 5% 50%
+    phase client -c 2 -n 100 "${emu[@]}"
+    # netem counts no reordering: rxe's recoveries show it (none in the control). At 5% they are
+    # mostly retransmissions: an ACK or read response that comes early makes the requester go
+    # back (completer_retry_err) and the responder see those requests again (duplicate_request);
+    # a request that comes early is out_of_seq_request, NAKed (rcvd_seq_err). Measured by hand:
+    # 16 duplicates and 4 retries over 40 rounds at 5% (2 and 5 in two other runs: so 100 rounds
+    # here), and all four kinds by the dozen at 25%.
+    seen client "rxe's recoveries from reordering (sequence errors, retransmissions, duplicates)" \
+      {a,b}.{out_of_seq_request,rcvd_seq_err,completer_retry_err,duplicate_request}
     stop_server
     ;;
   duplicate)
-    netem duplicate 5%
     serve_on_a "${emu[@]}"
-    checked client -c 2 -n 100 "${emu[@]}"
+    control -c 2 -n 20 "${emu[@]}"
+    netem duplicate 5%
+    phase client -c 2 -n 100 "${emu[@]}"
+    seen client "requests the responders saw twice" a.duplicate_request b.duplicate_request
+    # Atomics alone, so that a duplicate host a's responder sees is an atomic's: each must
+    # execute once (wire_peer checks every fetch-and-add's old value and the counter at the end).
+    phase atomics -c 1 -n 300 --atomics-only "${emu[@]}"
+    seen atomics "fetch-and-adds host a saw twice (and executed once: the values checked out)" a.duplicate_request
     stop_server
     ;;
   link_down_survives)
@@ -427,9 +520,13 @@ case $case_name in
     # Messages of at most 16 KiB: a soak failed once in five runs (its output was not kept), and
     # what loss5 showed is the likely cause: rxe spends a transport retry on every sequence-error
     # NAK, so a 48 KiB message can run out of its 7. loss1 keeps the 48 KiB ones.
-    netem loss 1%
     serve_on_a --idle 30 "${emu[@]}"
-    checked client -c 8 -t "${VERBS_SOAK_SECONDS:-120}" --max-size 16384 "${emu[@]}"
+    control -c 8 -n 10 --max-size 16384 "${emu[@]}"
+    netem loss 1%
+    phase client -c 8 -t "${VERBS_SOAK_SECONDS:-120}" --max-size 16384 "${emu[@]}"
+    seen client "packets netem dropped" a.netem_dropped b.netem_dropped
+    seen client "rxe's recoveries (sequence errors, retransmissions, duplicates)" \
+      {a,b}.{out_of_seq_request,rcvd_seq_err,completer_retry_err,duplicate_request}
     stop_server
     ;;
   *)

@@ -1,10 +1,21 @@
 # Cross-host tests (label wire; not "twohost": ctest -L takes a regular expression, and
-# `ctest -L host` would pick that up): each boots the two hosts of scripts/rxe-pair, joined by one
-# emulated Ethernet link, and runs a case on host b with its peer on host a (tests/twohost/run.sh).
-# They run on this machine, not inside a VM, one at a time (each pair takes both CPUs); scripts/test
-# runs them with `ctest -L wire`. Included from tests/CMakeLists.txt with the examples and
-# bench built.
+# `ctest -L host` would pick that up): the two hosts of scripts/rxe-pair, joined by one emulated
+# Ethernet link, run a case on host b with its peer on host a (tests/twohost/run.sh). They run on
+# this machine, not inside a VM, one at a time (a pair takes both CPUs); scripts/test runs them
+# with `ctest -L wire`. Included from tests/CMakeLists.txt with the examples and bench built.
+#
+# The cases that leave the wire and both hosts as they found them (the examples, the tour, rping,
+# verbs-perf, compare) share one pair, booted once by the fixture twohost_pair
+# (tests/twohost/shared-pair): a boot of a pair took about 25 s of each such test. The faults and
+# the README's own commands boot pairs of their own.
 set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
+set(verbs_twohost_state ${PROJECT_BINARY_DIR}/twohost-pair)
+set(verbs_twohost_shared ${verbs_twohost_run} --shared ${verbs_twohost_state})
+add_test(NAME twohost.pair_up COMMAND ${CMAKE_CURRENT_LIST_DIR}/shared-pair up ${verbs_twohost_state})
+add_test(NAME twohost.pair_down COMMAND ${CMAKE_CURRENT_LIST_DIR}/shared-pair down ${verbs_twohost_state})
+set_tests_properties(twohost.pair_up PROPERTIES FIXTURES_SETUP twohost_pair)
+set_tests_properties(twohost.pair_down PROPERTIES FIXTURES_CLEANUP twohost_pair)
+set(verbs_twohost_shared_tests)
 # Traffic with every byte checked, for the faults (tests/twohost/wire_peer.cpp).
 add_executable(wire_peer ${CMAKE_CURRENT_LIST_DIR}/wire_peer.cpp)
 target_link_libraries(wire_peer PRIVATE verbs::verbs verbs_warnings)
@@ -16,38 +27,39 @@ target_link_libraries(wire_peer PRIVATE verbs::verbs verbs_warnings)
 set(verbs_twohost_example_cases ${verbs_example_cases})
 list(FILTER verbs_twohost_example_cases EXCLUDE REGEX "^echo_")
 foreach(case IN LISTS verbs_twohost_example_cases)
+  list(APPEND verbs_twohost_shared_tests twohost.example.${case})
   add_test(NAME twohost.example.${case}
-           COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/examples/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
+           COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/examples/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
 endforeach()
 # The README's tour and its expose snippet across the wire.
 add_test(NAME twohost.readme_tour
-         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh tour $<TARGET_FILE:readme_tour>)
+         COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh tour $<TARGET_FILE:readme_tour>)
 add_test(NAME twohost.readme_expose
-         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh expose $<TARGET_FILE:readme_expose>)
+         COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh expose $<TARGET_FILE:readme_expose>)
+# rping interop, ours and rdma-core's, each as the server on host a.
+foreach(pair "ours;debian" "debian;ours" "ours;ours")
+  list(GET pair 0 server)
+  list(GET pair 1 client)
+  list(APPEND verbs_twohost_shared_tests twohost.rping.${server}_server_${client}_client)
+  add_test(NAME twohost.rping.${server}_server_${client}_client
+           COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/rping/interop.sh $<TARGET_FILE:rping> ${server} ${client})
+endforeach()
+# verbs-perf --verify: write, read, send and atomics, the servers on host a.
+add_test(NAME twohost.verbs_perf_verify
+         COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/bench/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
+
+# bench/compare --serve (host a) and --connect (host b), end to end, a short run. Host b leads;
+# host a needs only the device.
+add_test(NAME twohost.compare
+         COMMAND ${verbs_twohost_shared} -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh --serve-on-a $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare
+                    --device rxe0 --pairs 1 --sweep-pairs 0 --qp-pairs 1 --scale 50)
+
 # The README's two-host commands as written (tests/twohost/readme.sh): the "host A / host B"
 # block, and the scripts/rxe-pair block. Each boots its own pairs, from this machine.
 foreach(block two-hosts rxe-pair)
   add_test(NAME twohost.readme_${block}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/readme.sh ${block} ${PROJECT_BINARY_DIR})
 endforeach()
-# rping interop, ours and rdma-core's, each as the server on host a.
-foreach(pair "ours;debian" "debian;ours" "ours;ours")
-  list(GET pair 0 server)
-  list(GET pair 1 client)
-  add_test(NAME twohost.rping.${server}_server_${client}_client
-           COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/tests/rping/interop.sh $<TARGET_FILE:rping> ${server} ${client})
-endforeach()
-# verbs-perf --verify: write, read, send and atomics, the servers on host a.
-add_test(NAME twohost.verbs_perf_verify
-         COMMAND ${verbs_twohost_run} -- ${PROJECT_SOURCE_DIR}/bench/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
-
-# bench/compare --serve (host a) and --connect (host b), end to end, a short run. Host b leads;
-# host a needs only the device.
-add_test(NAME twohost.compare
-         COMMAND ${verbs_twohost_run} --a "${PROJECT_SOURCE_DIR}/bench/compare --serve --perf $<TARGET_FILE:verbs-perf> --device rxe0"
-                 -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare
-                    --device rxe0 --pairs 1 --sweep-pairs 0 --qp-pairs 1 --scale 50)
-
 # The faults a network brings (tests/twohost/faults.sh): loss, delay, reordering, duplication,
 # the link down, a host that loses power, connects that cannot succeed, and a soak.
 # Not link_down_survives (faults.sh runs it by hand): on SoftRoCE (6.1.0-57) a QP that sends while
@@ -69,3 +81,5 @@ add_test(NAME twohost.fault.mtu_mismatch
 get_property(verbs_twohost_tests DIRECTORY PROPERTY TESTS)
 list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
 set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS wire TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
+list(APPEND verbs_twohost_shared_tests twohost.readme_tour twohost.readme_expose twohost.verbs_perf_verify twohost.compare)
+set_tests_properties(${verbs_twohost_shared_tests} PROPERTIES FIXTURES_REQUIRED twohost_pair)

@@ -21,7 +21,9 @@
 // and at the end reads the counter once more. Every operation waits at most --op-timeout
 // (default 30 s), so nothing hangs; while it waits for an echo, an 8-byte read probes the server
 // every 200 ms (a host that vanishes fails that read within the transport's bound). Transport options: --ack-timeout N, --retry N,
-// --rnr-retry N (TransportOptions); --max-size BYTES caps the round's size. Output: one line per connection and a summary,
+// --rnr-retry N (TransportOptions); --max-size BYTES caps the round's size; with --atomics-only a
+// round is step 4 alone (no message: keep it shorter than the server's --idle). Output: one line
+// per connection and a summary,
 //   wire_peer: 2 connections, 412 rounds (1648 operations) in 10.2 s: 0 lost, 0 wrong
 // or, on the first failure of a connection,
 //   wire_peer: connection 1: FAILED in round 17 (read): <error> after 2107 ms; at 1764601234567
@@ -92,13 +94,15 @@ struct Options {
   int idle = 10, op_timeout = 30, echo_delay = 0;
   std::uint64_t clients = 0;
   std::size_t max_size = 49152;  // --max-size: the largest round's size
+  bool atomics_only = false;     // --atomics-only: each round is the fetch-and-add alone
   verbs::TransportOptions transport{};
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "wire_peer: %s\nusage: wire_peer serve [-a ADDR] [-p PORT] [--idle S] [--clients N] [--echo-delay MS]\n"
                        "       wire_peer run HOST [-p PORT] [-c N] [-t SECONDS | -n ROUNDS] [--op-timeout S]\n"
-                       "                 [--ack-timeout N] [--retry N] [--rnr-retry N] [--max-size BYTES]\n", why.c_str());
+                       "                 [--ack-timeout N] [--retry N] [--rnr-retry N] [--max-size BYTES] [--atomics-only]\n",
+               why.c_str());
   std::exit(64);
 }
 
@@ -224,47 +228,49 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
       const auto round_start = Clock::now();
       const std::size_t size = std::min(kSizes[i % std::size(kSizes)], o.max_size);
       const std::uint64_t seed = (static_cast<std::uint64_t>(k) << 40) ^ i;
-      step = "write";
-      fill(out, size, seed);
-      posted = Clock::now();
-      conn.qp().post_write(mine.slice(0, size), remote.slice(kData, size)).check();
-      done(conn.send_cq());
-      step = "read";
-      std::memset(back, 0, size);
-      posted = Clock::now();
-      conn.qp().post_read(mine.slice(kRegion, size), remote.slice(kData, size)).check();
-      done(conn.send_cq());
-      if (std::memcmp(out, back, size) != 0) throw std::runtime_error("read back other bytes than written");
-      step = "send";
-      const std::size_t n = std::min(size + 24, kMaxMsg);
-      std::memcpy(msg, &i, 8);
-      fill(msg + 8, n - 16, seed + 1);
-      const std::uint64_t sum = fnv(msg, n - 8);
-      std::memcpy(msg + n - 8, &sum, 8);
-      std::memcpy(back, msg, n);
-      conn.qp().post_recv(mine.slice(2 * kRegion + kMaxMsg, kMaxMsg), 1).check();
-      posted = Clock::now();
-      conn.qp().post_send(mine.slice(2 * kRegion, n)).check();
-      done(conn.send_cq());
-      // The send was acknowledged: until the echo comes nothing of ours is posted, and a peer
-      // whose host vanishes now would never be noticed (RC retries only what is outstanding).
-      // So every kProbe without the echo, an 8-byte read of the counter probes the peer: it
-      // fails within the transport's bound when nobody answers (README, "Reliability").
-      const auto echo_by = Clock::now() + op_timeout;
-      std::optional<verbs::Completion> got;
-      while (!(got = conn.wait_one(conn.recv_cq(), kProbe))) {
-        if (Clock::now() >= echo_by) throw std::runtime_error("no echo within " + std::to_string(o.op_timeout) + " s");
-        step = "send (probe)";
+      if (!o.atomics_only) {
+        step = "write";
+        fill(out, size, seed);
         posted = Clock::now();
-        conn.qp().post_read(mine.slice(kRegion - 8, 8), remote.slice(0, 8)).check();
+        conn.qp().post_write(mine.slice(0, size), remote.slice(kData, size)).check();
         done(conn.send_cq());
+        step = "read";
+        std::memset(back, 0, size);
+        posted = Clock::now();
+        conn.qp().post_read(mine.slice(kRegion, size), remote.slice(kData, size)).check();
+        done(conn.send_cq());
+        if (std::memcmp(out, back, size) != 0) throw std::runtime_error("read back other bytes than written");
         step = "send";
+        const std::size_t n = std::min(size + 24, kMaxMsg);
+        std::memcpy(msg, &i, 8);
+        fill(msg + 8, n - 16, seed + 1);
+        const std::uint64_t sum = fnv(msg, n - 8);
+        std::memcpy(msg + n - 8, &sum, 8);
+        std::memcpy(back, msg, n);
+        conn.qp().post_recv(mine.slice(2 * kRegion + kMaxMsg, kMaxMsg), 1).check();
+        posted = Clock::now();
+        conn.qp().post_send(mine.slice(2 * kRegion, n)).check();
+        done(conn.send_cq());
+        // The send was acknowledged: until the echo comes nothing of ours is posted, and a peer
+        // whose host vanishes now would never be noticed (RC retries only what is outstanding).
+        // So every kProbe without the echo, an 8-byte read of the counter probes the peer: it
+        // fails within the transport's bound when nobody answers (README, "Reliability").
+        const auto echo_by = Clock::now() + op_timeout;
+        std::optional<verbs::Completion> got;
+        while (!(got = conn.wait_one(conn.recv_cq(), kProbe))) {
+          if (Clock::now() >= echo_by) throw std::runtime_error("no echo within " + std::to_string(o.op_timeout) + " s");
+          step = "send (probe)";
+          posted = Clock::now();
+          conn.qp().post_read(mine.slice(kRegion - 8, 8), remote.slice(0, 8)).check();
+          done(conn.send_cq());
+          step = "send";
+        }
+        got->throw_if_failed();
+        ++r.ops;
+        const verbs::Completion echo = *got;
+        if (echo.byte_len() != n || std::memcmp(msg + kMaxMsg, back, n) != 0)
+          throw std::runtime_error("the echo differs from the message");
       }
-      got->throw_if_failed();
-      ++r.ops;
-      const verbs::Completion echo = *got;
-      if (echo.byte_len() != n || std::memcmp(msg + kMaxMsg, back, n) != 0)
-        throw std::runtime_error("the echo differs from the message");
       step = "atomic";
       posted = Clock::now();
       conn.qp().post_fetch_add(mine.slice(kRegion, 8), remote.slice(0, 8), 1).check();
@@ -357,6 +363,7 @@ int main(int argc, char** argv) try {
     else if (a == "--ack-timeout") o.transport.ack_timeout = static_cast<std::uint8_t>(number(val(), a.c_str()));
     else if (a == "--retry") o.transport.retry_count = static_cast<std::uint8_t>(number(val(), a.c_str()));
     else if (a == "--rnr-retry") o.transport.rnr_retry_count = static_cast<std::uint8_t>(number(val(), a.c_str()));
+    else if (a == "--atomics-only") o.atomics_only = true;
     else if (a == "--max-size") {
       o.max_size = number(val(), "--max-size");
       if (o.max_size < 8 || o.max_size > 49152) usage("--max-size: 8 to 49152");
