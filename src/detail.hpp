@@ -103,6 +103,8 @@ class AsyncHub {
   void remove_route(const ibv_qp* qp) noexcept;
   /// Events kept for Device::poll_async_events (for tests).
   [[nodiscard]] std::size_t kept() const noexcept;
+  /// QPs whose events are routed (for tests: a route left behind outlives its receiver).
+  [[nodiscard]] std::size_t routes() const noexcept;
   /// The context's device attributes (ibv_query_device_ex(3)), queried by the first caller and
   /// kept: they do not change while the context is open. Throws Error if the query fails.
   [[nodiscard]] ibv_device_attr_ex device_attributes(SourceLocation where);

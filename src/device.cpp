@@ -673,6 +673,11 @@ std::size_t AsyncHub::kept() const noexcept {
   return kept_.size();
 }
 
+std::size_t AsyncHub::routes() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return routes_.size();
+}
+
 namespace {
 /// The hubs of the contexts that Devices use (weak: a hub lives as long as a Device on its
 /// context). Never destroyed: Devices may outlive static destruction.

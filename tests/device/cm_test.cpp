@@ -2436,6 +2436,26 @@ TEST_F(Cm, DeviceFatalEndsEveryConnectionOnTheDevice) {
 }
 
 
+// A connection routes its QP's async events to itself while it lives, and takes the route away
+// as it goes: a route left behind would call a freed connection at the device's next event.
+TEST_F(Cm, AConnectionsAsyncEventRouteGoesWithIt) {
+  const auto hub = detail::async_hub(device->shared_handle());
+  const std::size_t before = hub->routes();
+  cm::Listener listener(test_addr(), 0);
+  std::optional<CmPair> p(connect_pair(listener));
+  EXPECT_EQ(hub->routes(), before + 2) << "one route for each side's QP";
+  std::optional<CmPair> q(connect_pair(listener));
+  EXPECT_EQ(hub->routes(), before + 4);
+  p.reset();
+  EXPECT_EQ(hub->routes(), before + 2) << "the routes of the connections that went are still there";
+  inject(*device, IBV_EVENT_DEVICE_FATAL);  // reaches the live ones only
+  const auto e = connect_error([&] { (void)q->client.wait_one(q->client.recv_cq(), 2s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::make_error_code(std::errc::no_such_device));
+  q.reset();
+  EXPECT_EQ(hub->routes(), before);
+}
+
 // A real event (SRQ_LIMIT_REACHED of an SRQ behind a connection) read by the connection's
 // wait(), which polls the device's async fd: not the connection's end, and kept for the user.
 TEST_F(Cm, AnEventAWaitReadsIsNotItsEndAndIsKeptForTheUser) {

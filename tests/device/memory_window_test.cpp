@@ -296,8 +296,11 @@ TEST_F(Window, BindsTheRegionOrTheQpCannotTakeAreRejectedWithNothingPosted) {
   EXPECT_TRUE(rejected(w.bind(p.b, *target, target->slice(0, 64), Access::local_write), Errc::mw_bind_not_allowed));
   const MemoryRegion read_only = MemoryRegion::allocate(*pd, 4096, Access::remote_read | Access::mw_bind);
   EXPECT_TRUE(rejected(w.bind(p.b, read_only, read_only.slice(0, 64), Access::remote_write), Errc::mw_bind_not_allowed));
-  // A slice of another region.
+  // A slice of another region; and of another region over the very same memory (same
+  // addresses, another lkey: only the key tells them apart).
   EXPECT_TRUE(rejected(w.bind(p.b, *target, dst->slice(0, 64), kWindowRights), Errc::local_out_of_bounds));
+  const MemoryRegion alias(*pd, target->bytes(), all_access | Access::mw_bind);
+  EXPECT_TRUE(rejected(w.bind(p.b, *target, alias.slice(0, 64), kWindowRights), Errc::local_out_of_bounds));
   // A QP that is not in RTS.
   verbs::CompletionQueue cq(*dev);
   verbs::QueuePair fresh(*pd, cq, {.access = all_access});
