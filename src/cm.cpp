@@ -787,12 +787,15 @@ struct Connection::Impl {
   std::shared_ptr<ChannelHub> shared;
   std::shared_ptr<rdma_cm_id> id;
   std::optional<Device> device;
-  /// Held while an rdma_cm command runs on the id, when its channel is shared: another thread
-  /// may read the command's event meanwhile, and librdmacm writes into the id on both paths
-  /// (rdma_resolve_addr copies the destination after its write(2), rdma_get_cm_event copies the
-  /// resolved address in: ThreadSanitizer saw them race). Every reader holds it while it reads.
-  [[nodiscard]] std::unique_lock<std::mutex> command_lock() const {
-    return shared ? std::unique_lock<std::mutex>(shared->mutex) : std::unique_lock<std::mutex>();
+  /// Runs `call` (an rdma_cm command on the id); 0, or the errno it failed with. When the
+  /// channel is shared, under the hub's mutex, which every reader holds while it reads: another
+  /// thread may read the command's event meanwhile, and librdmacm writes into the id on both
+  /// paths (rdma_resolve_addr copies the destination after its write(2), rdma_get_cm_event copies
+  /// the resolved address in: ThreadSanitizer saw them race).
+  template <typename Call>
+  [[nodiscard]] int command(Call&& call) const {
+    const auto lock = shared ? std::unique_lock<std::mutex>(shared->mutex) : std::unique_lock<std::mutex>();
+    return std::forward<Call>(call)() == 0 ? 0 : errno;
   }
   // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
   // recv_cq): the caller's objects may be moved or destroyed while the connection lives.
@@ -1656,11 +1659,10 @@ struct PendingConnect::Impl {
     target = std::string(host) + ":" + std::to_string(port);
     resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
     step_deadline = resolve_deadline();
-    auto lock = c->command_lock();
-    if (rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
-                          reinterpret_cast<sockaddr*>(&dst), resolve_ms) != 0) {                                 // NOLINT
-      const int err = errno;
-      lock = {};
+    if (const int err = c->command([&] {
+          return rdma_resolve_addr(c->id.get(), o.source_address.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),  // NOLINT
+                                   reinterpret_cast<sockaddr*>(&dst), resolve_ms);                                       // NOLINT
+        })) {
       fail(err, Phase::resolve_address,
            target + (err == ENODEV ? ": no RDMA device can reach this address" : ": rdma_resolve_addr failed"), where);
     }
@@ -1695,11 +1697,8 @@ struct PendingConnect::Impl {
           if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
             fail(errno, Phase::resolve_route, target + ": rdma_set_option(TOS)", where);
         }
-        if (auto lock = c->command_lock(); rdma_resolve_route(c->id.get(), resolve_ms) != 0) {
-          const int err = errno;
-          lock = {};
+        if (const int err = c->command([&] { return rdma_resolve_route(c->id.get(), resolve_ms); }))
           fail(err, Phase::resolve_route, target + ": rdma_resolve_route", where);
-        }
         phase = Phase::resolve_route;
         step_deadline = resolve_deadline();
         return std::nullopt;
@@ -1719,11 +1718,8 @@ struct PendingConnect::Impl {
         param = conn_param(o.connection, tagged.empty() ? data : tagged, *c->device, *c->qp);
         phase = Phase::connect;
         step_deadline = deadline;
-        if (auto lock = c->command_lock(); rdma_connect(c->id.get(), &param) != 0) {
-          const int err = errno;
-          lock = {};
+        if (const int err = c->command([&] { return rdma_connect(c->id.get(), &param); }))
           fail(err, Phase::connect, target + ": rdma_connect", where);
-        }
         return std::nullopt;
       }
       default: {
@@ -2134,9 +2130,7 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
       rdma_reject(c->id.get(), nullptr, 0);
       throw;
     }
-    if (auto lock = c->command_lock(); rdma_accept(c->id.get(), &p) != 0) {
-      const int err = errno;
-      lock = {};
+    if (const int err = c->command([&] { return rdma_accept(c->id.get(), &p); })) {
       rdma_reject(c->id.get(), nullptr, 0);
       fail(err, Phase::accept, "rdma_accept", where);
     }
