@@ -35,7 +35,7 @@ MemoryWindow::MemoryWindow(const ProtectionDomain& pd, MwType type, SourceLocati
   range_.rkey = mw->rkey;
 }
 
-PostResult MemoryWindow::bind(QueuePair& qp, const MemoryRegion& mr, LocalSlice range, AccessFlags access,
+PostResult MemoryWindow::bind(const QueuePair& qp, const MemoryRegion& mr, LocalSlice range, AccessFlags access,
                               const PostOptions& o) noexcept {
   if (!mw_ || !qp) return PostResult::rejected(Errc::empty_object, 0);
   if (const Errc e = bind_check(mw_.get(), qp, mr, range, access); e != Errc{}) return PostResult::rejected(e, 0);
@@ -86,7 +86,7 @@ PostResult MemoryWindow::bind(QueuePair& qp, const MemoryRegion& mr, LocalSlice 
   return {};
 }
 
-PostResult MemoryWindow::invalidate(QueuePair& qp, const PostOptions& o) noexcept {
+PostResult MemoryWindow::invalidate(const QueuePair& qp, const PostOptions& o) noexcept {
   if (!mw_) return PostResult::rejected(Errc::empty_object, 0);
   if (type_ != MwType::type2) return PostResult::rejected(Errc::bad_argument, 0);  // type 1: bind to nothing
   if (!bound_) return PostResult::rejected(Errc::mw_bind_not_allowed, 0);

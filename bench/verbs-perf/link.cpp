@@ -472,7 +472,7 @@ void connect_qps(Session& s, const std::vector<verbs::Endpoint>& eps) {
                                   .responder_resources = resp,
                                   .min_rnr_timer = 12,
                                   .rnr_retry_count = kRnrRetry};
-  for (std::size_t q = 0; q < s.qps.size(); ++q) s.qps[q]->connect(eps[q], o);
+  for (std::size_t q = 0; q < s.own_qps.size(); ++q) s.own_qps[q].connect(eps[q], o);
 }
 
 std::unique_ptr<Session> open_tcp(const Config& local) {
@@ -546,6 +546,30 @@ std::unique_ptr<Session> open_cm(const Config& local) {
       .send_cq = &*s.send_cq,
       .recv_cq = &*s.recv_cq,
       .private_data = params};
+  // The regions: the server exposes its own in the handshake (the accept's private data has
+  // room), once the first request has said what the test needs. The client's request is full
+  // with the 40-byte parameters: it sends its region in a first message (verbs-perf's own
+  // protocol), into a receive the server posts before it answers, so it never meets RNR.
+  constexpr std::uint64_t kHello = 0x68656c6c6f;  // "hello"
+  constexpr std::uint32_t kSlice = verbs::RemoteSlice::wire_size;
+  std::optional<verbs::MemoryRegion> hellos;  // one slot per connection
+  hellos.emplace(verbs::MemoryRegion::allocate(*s.pd, kSlice * std::max<std::uint32_t>(local.qps, 64),
+                                               verbs::Access::local_write));
+  std::uint32_t answered = 0;
+  if (!local.server()) {
+    make_region(s);
+  } else {
+    co.before_handshake = [&](const verbs::cm::Handshake& h) {
+      if (!s.mr) {
+        decode_cm_params(h.peer_private_data, s.cfg);
+        make_region(s);
+      }
+      h.expose = s.mr->remote();
+      if (answered >= hellos->size() / kSlice) throw verbs::cm::Reject({}, "more connections than -q allows");
+      h.qp.post_recv(hellos->slice(kSlice * answered, kSlice), kHello + answered).check();
+      ++answered;
+    };
+  }
   if (local.server()) {
     std::printf("\n************************************\n* Waiting for client to connect... *\n"
                 "************************************\n");
@@ -583,7 +607,7 @@ std::unique_ptr<Session> open_cm(const Config& local) {
       }
     }
   }
-  for (verbs::cm::Connection& c : s.conns) s.qps.push_back(&c.qp());
+  for (verbs::cm::Connection& c : s.conns) s.qps.push_back(&c.qp());  // posted on only
   set_inline_cap(s);
   // What this side posts: the client the test's requests, the server only latency replies;
   // receives on the side that receives sends.
@@ -600,9 +624,21 @@ std::unique_ptr<Session> open_cm(const Config& local) {
   if (std::uint64_t{s.cfg.qps} * recvs > static_cast<std::uint64_t>(s.recv_cq->capacity()) ||
       std::uint64_t{s.cfg.qps} * sends > static_cast<std::uint64_t>(s.send_cq->capacity()))
     throw Failure("-R: the CQs are too small for this -q with this -t or -r");
-  make_region(s);
-  for (verbs::cm::Connection& c : s.conns) {
-    s.peer = c.exchange(s.mr->remote(), local.timeout);
+  for (std::uint32_t i = 0; i < s.conns.size(); ++i) {
+    verbs::cm::Connection& c = s.conns[i];
+    if (local.server()) {  // the client's hello
+      const auto wc = c.wait_one(c.recv_cq(), local.timeout);
+      if (!wc) throw Failure("-R: the client's region did not come");
+      wc->throw_if_failed();
+      s.peer = verbs::RemoteSlice::decode(hellos->bytes().subspan(kSlice * (wc->wr_id() - kHello), kSlice));
+    } else {
+      s.peer = c.remote();
+      std::memcpy(hellos->data() + kSlice * i, s.mr->remote().encode().data(), kSlice);
+      c.qp().post_send(hellos->slice(kSlice * i, kSlice), {.wr_id = kHello + i}).check();
+      const auto wc = c.wait_one(c.send_cq(), local.timeout);
+      if (!wc) throw Failure("-R: the hello was not sent");
+      wc->throw_if_failed();
+    }
     if (s.peer.length != 2 * s.area * s.cfg.qps + Session::kControlBytes)
       throw Failure("the peer's region does not have the expected size");
   }

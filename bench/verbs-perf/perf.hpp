@@ -156,7 +156,7 @@ class Session {
   std::optional<verbs::CompletionQueue> send_cq, recv_cq;
   std::vector<verbs::QueuePair> own_qps;
   std::vector<verbs::cm::Connection> conns;
-  std::vector<verbs::QueuePair*> qps;
+  std::vector<const verbs::QueuePair*> qps;  // posted on: own_qps, or the connections'
   std::optional<verbs::MemoryRegion> mr;
   verbs::RemoteSlice peer{};   ///< the peer's whole region
   std::unique_ptr<Control> control;

@@ -41,7 +41,7 @@ constexpr std::byte seq(std::uint64_t i) noexcept { return static_cast<std::byte
 }
 /// --wr-api: the requests posted in one SendBatch (ibv_wr_start, one ibv_wr_* each,
 /// ibv_wr_complete), as perftest posts a list by default.
-verbs::PostResult batch_post(verbs::QueuePair& qp, std::span<const verbs::SendWr> wrs) {
+verbs::PostResult batch_post(const verbs::QueuePair& qp, std::span<const verbs::SendWr> wrs) {
   verbs::SendBatch b = qp.batch();
   for (const verbs::SendWr& w : wrs) b.add(w);
   return b.complete();
@@ -152,7 +152,7 @@ std::uint64_t write_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
   const bool client = !s.cfg.server();
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
-  verbs::QueuePair& qp = *s.qps[0];
+  const verbs::QueuePair& qp = *s.qps[0];
   verbs::CompletionQueue& cq = *s.send_cq;
   const volatile std::byte* in = s.in_ptr(0, p.size - 1);
   std::byte* out = s.out_ptr(0, p.size - 1);
@@ -200,7 +200,7 @@ std::uint64_t send_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
   const bool client = !s.cfg.server();
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
-  verbs::QueuePair& qp = *s.qps[0];
+  const verbs::QueuePair& qp = *s.qps[0];
   const verbs::LocalSlice src = s.out_slice(0, 0, p.size);
   const verbs::LocalSlice dst = s.in_slice(0, 0, p.size);
   const bool inl = use_inline(s, p);
@@ -258,7 +258,7 @@ std::uint64_t one_at_a_time(Session& s, const Plan& p, Stamps* st, double per_us
   const bool wr_api = s.cfg.wr_api;
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
-  verbs::QueuePair& qp = *s.qps[0];
+  const verbs::QueuePair& qp = *s.qps[0];
   const bool atomic = s.cfg.test == Test::atomic_lat;
   const verbs::SendWr wr = atomic ? verbs::SendWr::fetch_add(s.in_slice(0, 0, 8), s.peer_in(0, 0, 8), 1)
                                   : verbs::SendWr::read(s.in_slice(0, 0, p.size), s.peer_out(0, 0, p.size));

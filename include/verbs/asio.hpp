@@ -53,6 +53,20 @@ inline net::posix::stream_descriptor watch(const net::any_io_executor& ex, int f
   if (d < 0) throw std::system_error(errno, std::generic_category(), "dup");
   return net::posix::stream_descriptor(ex, d);
 }
+/// Refuses a cm object's fd() of -1: the object is on an EventChannel, whose fd is every
+/// object's on it, readable for the others' news too (a wait on it would spin).
+inline void require_own_fd(int fd, const char* what) {
+  if (fd < 0)
+    throw Error(make_error_code(Errc::bad_argument),
+                std::string("verbs::asio::") + what +
+                    ": the object is on an EventChannel and has no fd of its own; watch the channel's fd() and "
+                    "call its dispatch(), or give it a channel of its own");
+}
+/// watch() of a cm object's fd(), refused on an EventChannel.
+inline net::posix::stream_descriptor watch_own(const net::any_io_executor& ex, int fd, const char* what) {
+  require_own_fd(fd, what);
+  return watch(ex, fd);
+}
 /// The wait of ChannelWaiter and DeviceEventWaiter: `read(out, ec)` (non-blocking) until it
 /// gives something, sleeping on `fd` between. As CqWaiter's, it reads only in a handler, and
 /// never once cancelled, so what it read is always handed over.
@@ -192,6 +206,7 @@ class ConnectionWaiter {
 
  private:
   static net::posix::stream_descriptor open(const net::any_io_executor& ex, cm::Connection& conn) {
+    detail::require_own_fd(conn.fd(), "ConnectionWaiter");
     const int ep = ::epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
     net::posix::stream_descriptor d(ex, ep);  // owns it from here
@@ -260,7 +275,8 @@ namespace detail {
 template <typename Pending>
 struct Stepper {
   struct State {
-    State(const net::any_io_executor& ex, Pending p) : pending(std::move(p)), fd(watch(ex, pending.fd())), timer(ex) {}
+    State(const net::any_io_executor& ex, Pending p)
+        : pending(std::move(p)), fd(watch_own(ex, pending.fd(), "async_connect/async_accept")), timer(ex) {}
     Pending pending;
     net::posix::stream_descriptor fd;
     net::steady_timer timer;
@@ -308,10 +324,12 @@ struct Stepper {
 /// bounded by its limit (ClientOptions). Completes with void(std::error_code,
 /// std::optional<cm::Connection>): the connection, or the ConnectError's code (ECONNREFUSED,
 /// ETIMEDOUT, ...), or operation_aborted when cancelled. Throws ConnectError for what fails at
-/// once (see start_connect).
+/// once (see start_connect: `host` is a numeric address, since nothing here may block), and
+/// Error(Errc::bad_argument) for a connection on an EventChannel (it has no fd of its own).
 template <typename Token>
 auto async_connect(const net::any_io_executor& ex, std::string_view host, std::uint16_t port,
                    const cm::ClientOptions& options, Token&& token) {
+  if (options.connection.channel != nullptr) detail::require_own_fd(-1, "async_connect");
   using S = detail::Stepper<cm::PendingConnect>;
   auto state = std::make_shared<typename S::State>(ex, cm::start_connect(host, port, options));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(S{state}, token, ex);
@@ -362,7 +380,7 @@ struct AcceptOp {
     } catch (const std::bad_alloc&) {
       return finish(self, std::make_error_code(std::errc::not_enough_memory));
     } catch (...) {  // before_handshake threw something else (the request was rejected)
-      return finish(self, std::make_error_code(std::errc::io_error));
+      return finish(self, std::make_error_code(std::errc::connection_aborted));
     }
     fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }
@@ -378,7 +396,7 @@ struct AcceptOp {
 template <typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
                   Token&& token) {
-  auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch(ex, listener.fd()));
+  auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch_own(ex, listener.fd(), "async_accept"));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(
       detail::AcceptOp{&listener, options, fd}, token, ex);
 }

@@ -93,7 +93,7 @@ class Reject : public std::runtime_error {
 };
 
 namespace internal {
-struct ChannelHub;
+class Router;
 struct ChannelAccess;
 }  // namespace internal
 
@@ -102,7 +102,8 @@ struct ChannelAccess;
 /// open() of the rdma_cm device (and a descriptor) per connection, which for hundreds of
 /// connections at once costs more than the rest of setting one up. Given as
 /// ConnectionOptions::channel to connect() or accept(), the connection's events come through
-/// this one instead, and its fd() is this one's. A Listener on it (ListenOptions::channel) takes
+/// this one instead, and it has no fd of its own (fd() is -1): the loop watches this one's. A
+/// Listener on it (ListenOptions::channel) takes
 /// its connection requests from it too, and accepts onto it: a server's loop watches one fd.
 ///
 /// Whoever reads the channel hands each event to the connection (or handshake in progress) it is
@@ -115,9 +116,8 @@ struct ChannelAccess;
 /// poll_events(). fd() stays readable while keys wait for dispatch(), also those
 /// that another thread's read of the channel listed: a loop that does not call dispatch() spins.
 ///
-/// Connections and listeners keep the channel alive: it may be destroyed before them. Move-only. One
-/// connection's fd cannot be given to an event loop that watches another's of the same channel
-/// apart (the asio helpers, which watch each fd(), need channels of their own).
+/// Connections and listeners keep the channel alive: it may be destroyed before them. Move-only.
+/// The asio helpers, which watch one object's fd(), refuse an object on an EventChannel.
 class EventChannel {
  public:
   /// A new channel, non-blocking. Throws ConnectError (EMFILE, ENODEV without rdma_cm).
@@ -144,16 +144,21 @@ class EventChannel {
 
  private:
   friend struct internal::ChannelAccess;
-  std::shared_ptr<internal::ChannelHub> hub_;
+  std::shared_ptr<internal::Router> hub_;
 };
 
 /// What ConnectionOptions::before_handshake is given.
 struct Handshake {
-  QueuePair& qp;                 ///< in INIT: receives may be posted, sends not yet
+  const QueuePair& qp;           ///< in INIT: receives may be posted, sends not yet
   const ProtectionDomain& pd;    ///< the connection's PD (its own, or ConnectionOptions::pd)
   /// On the server, the request's private data as Connection::peer_private_data() will give it
   /// (without an exposed slice); on the client, empty (the peer has not answered yet).
   std::span<const std::byte> peer_private_data;
+  /// The buffer this side hands the peer in the handshake (ConnectionOptions::expose, as given):
+  /// set it here to expose memory registered on `pd` now, e.g. a region made for this
+  /// connection. It must stay registered as long as the peer may use it, and the QP must grant
+  /// the peer a right to it (the same checks as for ConnectionOptions::expose, then).
+  std::optional<RemoteSlice>& expose;
 };
 
 /// What each side sets up for a connection.
@@ -195,8 +200,7 @@ struct ConnectionOptions {
   /// as it is connected, before connect() or accept() has returned on this side, and a send
   /// that finds no receive meets RNR (retried after the receiver's RNR timer, the sender's
   /// transport.rnr_retry_count times, then RNR_RETRY_EXC_ERR). Memory it registers on the PD must outlive the receives.
-  /// Receives posted here come before any of Connection::exchange(), which then fails: with
-  /// them, hand buffers over with `expose` instead.
+  /// It may also expose a buffer it registers on the connection's PD (Handshake::expose).
   /// An exception from it ends the connect or accept (the server rejects the request) and
   /// propagates; throw Reject to give the client a reason.
   std::function<void(const Handshake&)> before_handshake{};
@@ -247,7 +251,7 @@ struct ListenOptions {
 /// wait into ConnectError(ECONNRESET) instead of a hang.
 ///
 /// Async events (ibv_get_async_event(3)) are the device context's, shared by every connection
-/// on it: wait(), spin(), exchange() and poll_events() read them through the context's one
+/// on it: wait(), spin() and poll_events() read them through the context's one
 /// reader (see Device::poll_async_events), which routes each by its ibv_qp and QP number. A
 /// QP_FATAL, QP_REQ_ERR or QP_ACCESS_ERR of this connection's QP ends it with
 /// ConnectError(EIO), and DEVICE_FATAL every connection on the device with ConnectError(ENODEV),
@@ -269,10 +273,8 @@ struct ListenOptions {
 ///   event) goes to one of them, and the other may sleep until its timeout: keep one waiter
 ///   per CQ.
 /// - Posting on qp() follows QueuePair's rules (the core's), and polling a CQ CompletionQueue's.
-/// - exchange() posts and polls on its own: not while another thread uses the connection.
-///   Connections that share its CQs may go on meanwhile, from other threads: their wait(),
-///   spin() and exchange() on a shared CQ leave its requests to it, as it leaves theirs to
-///   them (see exchange()). Polling the CQ itself (CompletionQueue::poll(), wait()) does not.
+/// - The library never posts on the connection's QP nor polls its CQs for itself: every
+///   completion in them is the caller's.
 /// - The accessors (device(), pd(), send_cq(), recv_cq(), qp(), peer_*(), fd(), ...) read
 ///   what is fixed at establishment: safe from any thread.
 /// - Moving, assigning and destroying the Connection: not while any other call runs.
@@ -297,12 +299,13 @@ class Connection {
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
   /// The receive completion queue, as send_cq().
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
-  /// The connected RC queue pair, in RTS. The library makes its transitions itself (librdmacm
+  /// The connected RC queue pair, in RTS, to post on (posting is const: the QP stays the
+  /// connection's, and cannot be moved out). The library makes its transitions itself (librdmacm
   /// does not manage it), so it never grants a right the options did not ask for. Once the
   /// connection ends (either side's disconnect, the peer's departure) the connection moves it
   /// to ERR, flushing what is posted, and its state() says ERR (the posts allowed are the same
   /// as in RTS: the move is made while other threads may be posting).
-  [[nodiscard]] QueuePair& qp() noexcept;
+  [[nodiscard]] const QueuePair& qp() const noexcept;
 
   /// The private data the peer attached (without the exposed slice), zero-padded to the field.
   [[nodiscard]] std::span<const std::byte> peer_private_data() const noexcept;
@@ -310,50 +313,20 @@ class Connection {
   [[nodiscard]] const std::optional<RemoteSlice>& peer_remote() const noexcept;
   /// As peer_remote(); throws ConnectError (EPROTO) when the peer exposed nothing.
   [[nodiscard]] RemoteSlice remote(SourceLocation where = SourceLocation::current()) const;
-  /// Sends `mine` to the peer and returns the peer's, by one send and one receive on the
-  /// connection's QP (a 48-byte region registered for the purpose; both requests have wr_id
-  /// exchange_wr_id). Both sides call it before posting receives of their own, and before
-  /// sending anything the peer would receive: the peer's message goes into the first receive
-  /// posted, so receives posted earlier (e.g. in before_handshake) would take it. For a buffer
-  /// known before connecting, prefer ConnectionOptions::expose, which costs no round trip.
-  ///
-  /// It polls both of the connection's CQs. Completions of other requests that it polls
-  /// meanwhile (a write posted before; on a CQ shared with other connections through
-  /// ConnectionOptions::send_cq or recv_cq, theirs) are not lost: they are held for that CQ,
-  /// and the next wait() or spin() on it, through any connection that uses it, returns them
-  /// first, as though they were still in the CQ; a thread asleep in wait() on it is woken.
-  /// They are kept as long as a connection uses the CQ. The requests of exchange() (wr_id
-  /// exchange_wr_id) are its own: another connection's exchange() that polls them, or its
-  /// wait() or spin() while this exchange() runs, keeps them for it (by qp_num), never returning
-  /// them, so connections sharing CQs may exchange at once and go on waiting meanwhile (see
-  /// Threads above).
-  ///
-  /// Throws ConnectError: ETIMEDOUT, ECONNRESET (disconnect), EPROTO when a receive posted
-  /// before took the peer's message (its completion stays for wait()); Error with the
-  /// completion's status when a request failed: when one was flushed (the QP went to ERR), the
-  /// other's failure, which says why (e.g. RNR_RETRY_EXC_ERR: the peer had no receive for our
-  /// message, as when it never calls exchange()), and the flush only when the other has none
-  /// (or has not completed by the deadline); Error(Errc::bad_encoding) on a malformed
-  /// answer. After a failure the two sides are out of step: close the connection. A request of
-  /// exchange() may then still be posted; its region stays registered until the connection
-  /// is destroyed, and its completion (wr_id exchange_wr_id) may appear in a CQ.
-  [[nodiscard]] RemoteSlice exchange(const RemoteSlice& mine, std::chrono::milliseconds timeout = 10s,
-                                     SourceLocation where = SourceLocation::current());
-  /// The wr_id of exchange()'s send and receive ("verbsxch").
-  static constexpr std::uint64_t exchange_wr_id = 0x7665726273786368;
   /// The peer's address and port, e.g. "192.0.2.1:7471".
   [[nodiscard]] std::string peer_address() const;
   /// This side's address and port.
   [[nodiscard]] std::string local_address() const;
 
   /// Waits up to `timeout` for completions on `cq`, while watching the connection. Returns what
-  /// was polled, empty on timeout. Completions held for `cq` come first (those an exchange() of
-  /// any connection on `cq` polled that were not its own), then those in the CQ, less the
-  /// requests of an exchange() running on `cq` (kept for it; see exchange()); once the CQ
-  /// is empty and the peer has disconnected (or died), fails with ECONNRESET (phase
-  /// established), ENODEV when the RDMA device was removed (or raised DEVICE_FATAL), EIO when
-  /// the QP got a fatal async event (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR), or ENOTCONN after a
-  /// local disconnect(). Never blocks past `timeout`.
+  /// was polled, empty on timeout; once the CQ is empty and the peer has disconnected (or died),
+  /// fails with ECONNRESET (phase established), ENODEV when the RDMA device was removed (or
+  /// raised DEVICE_FATAL), EIO when the QP got a fatal async event (QP_FATAL, QP_REQ_ERR,
+  /// QP_ACCESS_ERR), or ENOTCONN after a local disconnect(). Never blocks past `timeout`. It
+  /// sleeps on the CQ's completion channel; a CQ without one is busy-polled (as spin()), and a
+  /// CQ whose channel is shared with other CQs (CqOptions::channel) is refused with
+  /// Errc::bad_argument, as CompletionQueue::wait() refuses it: sleeping there would take the
+  /// other CQs' events from whoever watches that channel. Wait on the channel, or spin().
   std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   /// As above; throws ConnectError instead of setting an error_code (recording `where`).
@@ -409,8 +382,8 @@ class Connection {
   void disconnect(SourceLocation where = SourceLocation::current());
 
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
-  /// readable, call poll_events(). On an EventChannel (ConnectionOptions::channel), that
-  /// channel's: call its dispatch() and then poll_events() of the connections it names.
+  /// readable, call poll_events(). -1 on an EventChannel (ConnectionOptions::channel): watch
+  /// that channel's fd, call its dispatch() and then poll_events() of the connections it names.
   [[nodiscard]] int fd() const noexcept;
   /// The rdma_cm id (for librdmacm calls the wrapper does not cover).
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
@@ -423,7 +396,7 @@ class Connection {
   friend class PendingConnect;
   friend class PendingAccept;
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
-  /// wait() and spin(): the completions held for `cq` (see exchange()), then the CQ's.
+  /// wait() and spin().
   std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                                 std::error_code& ec, bool busy = false) noexcept;
   /// The throwing form of wait() and spin().
@@ -471,8 +444,7 @@ class PendingConnect {
   [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
   ///@}
   /// The rdma_cm event channel's fd (non-blocking): readable when step() has something to do.
-  /// On an EventChannel, that channel's: readable when any connection on it has news (its
-  /// dispatch() says whose).
+  /// -1 on an EventChannel: watch the channel's fd (its dispatch() says whose news it has).
   [[nodiscard]] int fd() const noexcept;
   /// When the current phase's limit passes: call step() then, if fd() stayed silent.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
@@ -513,8 +485,8 @@ class PendingAccept {
   [[nodiscard]] std::optional<Connection> step();
   [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
   ///@}
-  /// The connection's own event channel fd (non-blocking): readable when step() has news. On an
-  /// EventChannel, that channel's (as PendingConnect::fd()).
+  /// The connection's own event channel fd (non-blocking): readable when step() has news; -1 on
+  /// an EventChannel (as PendingConnect::fd()).
   [[nodiscard]] int fd() const noexcept;
   /// When the handshake's limit passes.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
@@ -560,13 +532,18 @@ class Listener {
   /// Stops listening; connections accepted from it live on.
   ~Listener();
 
-  /// Waits up to `timeout` for a connection request and accepts it (other events on the
-  /// listener are skipped, but DEVICE_REMOVAL fails with ENODEV). `timeout` is for the
-  /// request only: once one is taken, the handshake has ListenOptions::handshake_timeout, so
-  /// accept(0ms) when fd() is readable (an event loop) completes the connection it answered.
-  /// Throws ConnectError (phase accept): ETIMEDOUT when no request came (or the client did not
-  /// confirm within handshake_timeout), EMSGSIZE for private data over the limit
-  /// (checked before waiting; nothing is sent). A client that connected and disconnected
+  /// Waits up to `timeout` for a connection request and accepts it with `options` (one request
+  /// per call: what the options hold is this connection's). `timeout` is for the request only:
+  /// once one is taken, its handshake has ListenOptions::handshake_timeout, so accept(0ms) when
+  /// fd() is readable (an event loop) completes the connection it answered. A request whose
+  /// client has gone, and a handshake that fails (the client left, or did not confirm within
+  /// handshake_timeout), is dropped, and the call goes on to the next request. Other events on
+  /// the listener are skipped, but DEVICE_REMOVAL fails with ENODEV. Throws ConnectError (phase
+  /// accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit (checked
+  /// before waiting; nothing is sent); what before_handshake throws propagates (the request is
+  /// rejected). A client that stalls its handshake holds the call up to handshake_timeout: a
+  /// server open to untrusted clients answers each request on its own with start_accept().
+  /// A client that connected and disconnected
   /// before this side saw the connection established gives a Connection already closed by
   /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).
   [[nodiscard]] Connection accept(std::chrono::milliseconds timeout, const ConnectionOptions& options = {},
@@ -586,9 +563,8 @@ class Listener {
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The device the listener is bound to; throws ConnectError (ENODEV) for a wildcard address.
   [[nodiscard]] Device device(SourceLocation where = SourceLocation::current()) const;
-  /// The listener's event channel fd: readable when a connection request is waiting. On an
-  /// EventChannel (ListenOptions::channel), the channel's fd(): readable when dispatch() has
-  /// something to name, this listener or another.
+  /// The listener's event channel fd: readable when a connection request is waiting. -1 on an
+  /// EventChannel (ListenOptions::channel): watch the channel's fd.
   [[nodiscard]] int fd() const noexcept;
   /// The listening rdma_cm id.
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;

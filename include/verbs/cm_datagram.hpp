@@ -198,8 +198,8 @@ class Datagram {
   [[nodiscard]] CompletionQueue& send_cq() noexcept;
   /// The receive completion queue.
   [[nodiscard]] CompletionQueue& recv_cq() noexcept;
-  /// The UD queue pair, in RTS.
-  [[nodiscard]] QueuePair& qp() noexcept;
+  /// The UD queue pair, in RTS, to post on (posting is const: the QP stays the Datagram's).
+  [[nodiscard]] const QueuePair& qp() const noexcept;
   /// The port bound (the one the system chose for port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// The bound "address:port".
@@ -258,9 +258,27 @@ class Datagram {
   /// The groups joined, as given to join().
   [[nodiscard]] std::vector<std::string> groups() const;
 
+  /// Handles what rdma_cm said of the Datagram since, without blocking: a group it dropped
+  /// (MULTICAST_ERROR after the join: "no longer accessible and should be rejoined",
+  /// rdma_get_cm_event(3)) is left and listed by lost_groups(); an ADDR_CHANGE sets
+  /// address_changed(). False once the RDMA device was removed (DEVICE_REMOVAL). Call it when
+  /// fd() is readable: afterwards fd() is not readable for what it read.
+  bool poll_events(SourceLocation where = SourceLocation::current());
+  /// The groups rdma_cm dropped (poll_events()), until joined again.
+  [[nodiscard]] std::vector<std::string> lost_groups() const;
+  /// True once rdma_cm reported ADDR_CHANGE for the bound address (poll_events()).
+  [[nodiscard]] bool address_changed() const noexcept;
+
  private:
   friend class PendingJoin;
-  struct Impl;
+  /// start_resolve() of an address already parsed (or looked up, by resolve()).
+  PendingResolve start_resolve_at(const sockaddr_storage& dst, std::string_view host, std::uint16_t port,
+                                  const ResolveOptions& options, SourceLocation where);
+
+ public:
+  struct Impl;  ///< (private to the implementation)
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

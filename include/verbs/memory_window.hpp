@@ -77,7 +77,7 @@ class MemoryWindow {
   /// A bind whose completion fails (flushed, on a QP that went to ERR) leaves the window
   /// unusable: destroy it. A rebind lets go of the previous QP and region (which may then be
   /// destroyed here, if nothing else holds them).
-  PostResult bind(QueuePair& qp, const MemoryRegion& mr, LocalSlice range, AccessFlags access,
+  PostResult bind(const QueuePair& qp, const MemoryRegion& mr, LocalSlice range, AccessFlags access,
                   const PostOptions& options = {}) noexcept;
   /// Type 2: takes the window back (IBV_WR_LOCAL_INV on `qp`, which must be the RC QP it is
   /// bound through): once it completes, the peer's requests with its rkey fail with
@@ -86,7 +86,7 @@ class MemoryWindow {
   /// to a zero-length range instead). On rxe 6.1 a LOCAL_INV of a window that is not bound
   /// reaches a kernel path that drops a null QP reference: after the peer's send_inv, call
   /// invalidated_by_peer(), not invalidate().
-  PostResult invalidate(QueuePair& qp, const PostOptions& options = {}) noexcept;
+  PostResult invalidate(const QueuePair& qp, const PostOptions& options = {}) noexcept;
   /// Type 2: records that the peer took the window back (its SendWr::send_inv arrived: the
   /// receive's Completion::invalidated_rkey() is rkey()), so that it may be bound again.
   void invalidated_by_peer() noexcept { bound_ = false; }

@@ -433,15 +433,15 @@ class QueuePair {
   ///@{
   /// Posts one send-queue request. A temporary is posted in place; an lvalue is copied first,
   /// since posting sets the request's sg_list and next.
-  [[gnu::always_inline]] PostResult post(SendWr&& wr) noexcept { return post_(wr); }
-  [[gnu::always_inline]] PostResult post(const SendWr& wr) noexcept {
+  [[gnu::always_inline]] PostResult post(SendWr&& wr) const noexcept { return post_(wr); }
+  [[gnu::always_inline]] PostResult post(const SendWr& wr) const noexcept {
     SendWr w = wr;
     return post_(w);
   }
   ///@}
   /// Posts a chain in one ibv_post_send call (one doorbell). Every request is checked first,
   /// and none is posted if one fails a check. The span is relinked in place.
-  PostResult post(std::span<SendWr> wrs) noexcept {
+  PostResult post(std::span<SendWr> wrs) const noexcept {
     if (wrs.empty()) return {};
     for (std::size_t i = 0; i < wrs.size(); ++i) {
       SendWr& w = wrs[i];
@@ -461,59 +461,59 @@ class QueuePair {
 
   ///@{
   /// RDMA write (SendWr::write).
-  [[gnu::always_inline]] PostResult post_write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] PostResult post_write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::write(src, dst, o);
     return post_(w);
   }
   [[gnu::always_inline]] PostResult post_write(std::span<const LocalSlice> src, RemoteSlice dst,
-                                               const PostOptions& o = {}) noexcept {
+                                               const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::write(src, dst, o);
     return post_(w);
   }
   ///@}
   /// RDMA write with immediate (host byte order).
   [[gnu::always_inline]] PostResult post_write_imm(LocalSlice src, RemoteSlice dst, std::uint32_t imm,
-                                                   const PostOptions& o = {}) noexcept {
+                                                   const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::write_imm(src, dst, imm, o);
     return post_(w);
   }
   ///@{
   /// RDMA read of the front of `src` into `dst`.
-  [[gnu::always_inline]] PostResult post_read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] PostResult post_read(LocalSlice dst, RemoteSlice src, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::read(dst, src, o);
     return post_(w);
   }
   [[gnu::always_inline]] PostResult post_read(std::span<const LocalSlice> dst, RemoteSlice src,
-                                              const PostOptions& o = {}) noexcept {
+                                              const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::read(dst, src, o);
     return post_(w);
   }
   ///@}
   ///@{
   /// Send (RC/UC; UD needs SendWr::send(...).to(ah, qpn, qkey)).
-  [[gnu::always_inline]] PostResult post_send(LocalSlice src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] PostResult post_send(LocalSlice src, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::send(src, o);
     return post_(w);
   }
-  [[gnu::always_inline]] PostResult post_send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] PostResult post_send(std::span<const LocalSlice> src, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::send(src, o);
     return post_(w);
   }
   ///@}
   /// Send with immediate (`imm` in host byte order).
-  [[gnu::always_inline]] PostResult post_send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) noexcept {
+  [[gnu::always_inline]] PostResult post_send_imm(LocalSlice src, std::uint32_t imm, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::send_imm(src, imm, o);
     return post_(w);
   }
   /// Atomic fetch-and-add on an 8-byte, 8-aligned remote target; the old value lands in `result`.
   [[gnu::always_inline]] PostResult post_fetch_add(LocalSlice result, RemoteSlice target, std::uint64_t add,
-                                                   const PostOptions& o = {}) noexcept {
+                                                   const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::fetch_add(result, target, add, o);
     return post_(w);
   }
   /// Atomic compare-and-swap on an 8-byte, 8-aligned remote target.
   [[gnu::always_inline]] PostResult post_compare_swap(LocalSlice result, RemoteSlice target, std::uint64_t compare,
-                                                      std::uint64_t swap, const PostOptions& o = {}) noexcept {
+                                                      std::uint64_t swap, const PostOptions& o = {}) const noexcept {
     SendWr w = SendWr::compare_swap(result, target, compare, swap, o);
     return post_(w);
   }
@@ -521,7 +521,7 @@ class QueuePair {
   ///@{
   /// Posts receives (ibv_post_recv(3)). Rejected with Errc::qp_has_srq on a QP that uses an
   /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
-  PostResult post_recv(std::span<RecvWr> wrs) noexcept {
+  PostResult post_recv(std::span<RecvWr> wrs) const noexcept {
     if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
     if (state_now_() == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
       return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
@@ -529,11 +529,11 @@ class QueuePair {
       return ibv_post_recv(qp_.get(), wr, bad);
     });
   }
-  PostResult post_recv(LocalSlice dst, std::uint64_t wr_id = 0) noexcept {
+  PostResult post_recv(LocalSlice dst, std::uint64_t wr_id = 0) const noexcept {
     RecvWr wr(dst, wr_id);
     return post_recv(std::span(&wr, 1));
   }
-  PostResult post_recv(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) noexcept {
+  PostResult post_recv(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) const noexcept {
     RecvWr wr(dst, wr_id);
     return post_recv(std::span(&wr, 1));
   }
@@ -542,7 +542,7 @@ class QueuePair {
 
   /// Opens a batch of requests posted through the extended API (ibv_wr_start(3)); see SendBatch.
   /// On a QP made without QpOptions::extended every request of it is refused (Errc::qp_not_extended).
-  [[nodiscard]] SendBatch batch() noexcept;
+  [[nodiscard]] SendBatch batch() const noexcept;
 
   /// The C handle.
   [[nodiscard]] ibv_qp* native_handle() const noexcept { return qp_.get(); }
@@ -555,7 +555,7 @@ class QueuePair {
  private:
   // The failure paths are out of line, so that what is inlined into every post is the checks,
   // two stores and the provider's call.
-  [[gnu::always_inline]] PostResult post_(SendWr& wr) noexcept {
+  [[gnu::always_inline]] PostResult post_(SendWr& wr) const noexcept {
     if (!passes_(wr)) [[unlikely]] return rejected_(wr, 0);
     if (wr.own_sge_) wr.wr_.sg_list = &wr.sge_;
     wr.wr_.next = nullptr;
@@ -860,7 +860,7 @@ class SendBatch {
  private:
   friend class QueuePair;
   friend class MemoryWindow;  // binds a type 2 window through ibv_wr_bind_mw (bind_mw_)
-  [[gnu::always_inline]] explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
+  [[gnu::always_inline]] explicit SendBatch(const QueuePair& qp) noexcept : qp_(&qp), qpx_(qp.qpx_) {
     if (qpx_ == nullptr) [[unlikely]]
       failed_ = PostResult::rejected(qp.qp_ ? Errc::qp_not_extended : Errc::empty_object, 0);
     else {
@@ -921,7 +921,7 @@ class SendBatch {
     return r;
   }
 
-  QueuePair* qp_;
+  const QueuePair* qp_;
   ibv_qp_ex* qpx_;
   PostResult failed_{};       // set once a request fails (or the batch is closed): complete() returns it
   std::uint32_t count_ = 0;   // requests added
@@ -929,7 +929,7 @@ class SendBatch {
   bool open_ = false;         // between ibv_wr_start and ibv_wr_complete/abort
 };
 
-[[gnu::always_inline]] inline SendBatch QueuePair::batch() noexcept { return SendBatch(*this); }
+[[gnu::always_inline]] inline SendBatch QueuePair::batch() const noexcept { return SendBatch(*this); }
 
 /// Exchanges two QueuePairs.
 inline void swap(QueuePair& a, QueuePair& b) noexcept { a.swap(b); }

@@ -284,4 +284,45 @@ TEST_F(Asio, AsyncConnectToASilentAddressFailsAtItsDeadline) {
   EXPECT_LT(took, 5s);
 }
 
+
+/// The verbs::Error (bad_argument) `f` threw, its message; empty when it threw none.
+template <typename F>
+std::optional<std::string> refusal(F&& f) {
+  try {
+    f();
+  } catch (const verbs::Error& e) {
+    EXPECT_EQ(e.code(), verbs::Errc::bad_argument) << e.what();
+    return e.what();
+  }
+  return std::nullopt;
+}
+
+// The helpers watch one object's fd. An object on an EventChannel has none of its own (the
+// channel's is every object's, readable for others' news too): they refuse it at once, saying
+// why, where they used to busy-loop at 100% CPU on the shared fd.
+TEST_F(Asio, TheHelpersRefuseAnObjectOnAnEventChannelSayingWhy) {
+  cm::EventChannel channel;
+  cm::Listener shared(test_addr(), 0, {.channel = &channel});
+  const auto accept = refusal([&] {
+    verbs::asio::async_accept(io.get_executor(), shared, {}, [](std::error_code, std::optional<cm::Connection>) {});
+  });
+  ASSERT_TRUE(accept) << "async_accept took a listener on an EventChannel";
+  EXPECT_NE(accept->find("EventChannel"), std::string::npos) << *accept;
+
+  cm::Listener own(test_addr(), 0);
+  cm::ClientOptions options{.timeout = 10s};
+  options.connection.channel = &channel;
+  const auto connect = refusal([&] {
+    verbs::asio::async_connect(io.get_executor(), test_addr(), own.port(), options,
+                               [](std::error_code, std::optional<cm::Connection>) {});
+  });
+  ASSERT_TRUE(connect) << "async_connect took a connection on an EventChannel";
+
+  auto accepted = std::async(std::launch::async, [&] { return own.accept(10s); });
+  cm::Connection conn = cm::connect(test_addr(), own.port(), options);
+  cm::Connection peer = accepted.get();
+  const auto waiter = refusal([&] { verbs::asio::ConnectionWaiter w(io.get_executor(), conn); });
+  ASSERT_TRUE(waiter) << "ConnectionWaiter took a connection on an EventChannel";
+}
+
 }  // namespace

@@ -2,10 +2,11 @@
 //   verbs_cm_peer ADDR PORT          connects to ADDR PORT and then idles until killed (or 60 s pass)
 //   verbs_cm_peer --removal ADDR     for cm_device_removal.sh: connects to itself on ADDR, prints
 //                                    "connected", then waits (20 s at most) on a listener, on the
-//                                    server's receive CQ and on the client's, and prints what each
-//                                    wait ended with ("accept: ENODEV ..."), while the script
-//                                    removes the RDMA device. Exit status 0 when the listener and
-//                                    at least one end said ENODEV, and the other end ENODEV or
+//                                    server's receive CQ and on the client's, and on a Datagram's
+//                                    fd (a group joined), and prints what each wait ended with
+//                                    ("accept: ENODEV ..."), while the script removes the RDMA
+//                                    device. Exit status 0 when the listener, the Datagram and at
+//                                    least one end said ENODEV, and the other end ENODEV or
 //                                    ECONNRESET (see removal()). The device stays open until the process exits
 //                                    (librdmacm keeps its context), so the removal completes then.
 #include <cerrno>
@@ -18,7 +19,10 @@
 #include <string>
 #include <thread>
 
+#include <poll.h>
+
 #include <verbs/cm.hpp>
+#include <verbs/cm_datagram.hpp>
 
 namespace {
 
@@ -50,17 +54,34 @@ int removal(const char* addr) {
       return got.empty() ? describe(ec, ec ? ec.message() : "timed out") : std::string("a completion");
     });
   };
+  // A Datagram that joined a group hears of the removal on its fd, and poll_events() reads it:
+  // false, and the fd no longer readable (an event loop that watches it must not spin).
+  verbs::cm::Datagram dgram(addr, 0);
+  (void)dgram.join("239.1.2.3", 5s);
+  auto datagram = std::async(std::launch::async, [&] {
+    pollfd p{dgram.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 20000) != 1) return std::string("no event within 20 s");
+    try {
+      if (dgram.poll_events()) return std::string("poll_events() says it goes on");
+    } catch (const verbs::Error& e) {
+      return describe(e.code(), e.what());
+    }
+    return ::poll(&p, 1, 0) == 0 ? std::string("ENODEV (poll_events() false, the fd drained)")
+                                 : std::string("the fd is still readable after poll_events()");
+  });
   auto server_wait = waiting(conn);
   auto client_wait = waiting(client);
   std::printf("connected\n");
   std::fflush(stdout);
   const std::string results[] = {"accept: " + accepting.get(), "server wait: " + server_wait.get(),
                                  "client wait: " + client_wait.get()};
+  const std::string heard = "datagram: " + datagram.get();
+  std::printf("%s\n", heard.c_str());
   // The listener must say ENODEV. Both ends of the connection are on the removed device: the
   // end whose DEVICE_REMOVAL comes first has its id destroyed by the kernel, which sends the
   // other end a disconnect that may arrive before that end's own DEVICE_REMOVAL. So each wait
   // ends with ENODEV or ECONNRESET (never a timeout), and at least one with ENODEV.
-  int status = results[0].find(": ENODEV") == std::string::npos ? 1 : 0;
+  int status = results[0].find(": ENODEV") == std::string::npos || heard.find(": ENODEV") == std::string::npos ? 1 : 0;
   int enodev = 0;
   for (const std::string& r : results) {
     std::printf("%s\n", r.c_str());

@@ -1,6 +1,7 @@
-// The message of cm::Connection::exchange: the peer sends one RemoteSlice wire form into a
-// zeroed 24-byte receive slot (a shorter send leaves zeros; a longer one fails the receive),
-// which exchange() decodes with the throwing form. It returns a slice that re-encodes to the
+// A RemoteSlice exchanged in a message (what cm::Connection::exchange() did, and what a program
+// that hands slices over by send does): the peer sends one wire form into a zeroed 24-byte
+// receive slot (a shorter send leaves zeros; a longer one fails the receive), decoded with the
+// throwing form. It returns a slice that re-encodes to the
 // slot, or throws verbs::Error(bad_encoding), never anything else.
 #include <algorithm>
 #include <array>

@@ -1,19 +1,19 @@
+// The datagram room of verbs::cm (docs/design/cm.md): a UD QP on an rdma_cm id of RDMA_PS_UDP,
+// SIDR resolves and answers, multicast joins, and what rdma_cm says of them afterwards.
 #include "verbs/cm_datagram.hpp"
-
-#include "cm_internal.hpp"
-#include "detail.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
-#include <string>
+
+#include "cm/connection_impl.hpp"
 
 namespace verbs::cm {
 
 using namespace internal;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -34,7 +34,7 @@ bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family == AF_INET)
     return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr ==  // NOLINT
            reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;    // NOLINT
-  return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,  // NOLINT
+  return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,                  // NOLINT
                      &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;  // NOLINT
 }
 
@@ -50,17 +50,25 @@ struct Datagram::Impl {
     bool attached = false;
   };
 
-  std::shared_ptr<rdma_event_channel> channel;
+  std::shared_ptr<Router> router;
   std::shared_ptr<rdma_cm_id> id;
   std::optional<Device> device;
   std::optional<ProtectionDomain> pd;
   std::optional<CompletionQueue> send_cq, recv_cq;
   std::optional<QueuePair> qp;
+  ibv_qp* qp_handle = nullptr;  // what the groups are attached to: teardown never reads `qp`
   std::uint16_t port = 0;
   bool listening = false;
+  bool on_router = false;
   std::vector<std::unique_ptr<Group>> groups;
-  // The joins in progress (PendingJoin), which hold their group until it is joined.
+  std::vector<std::string> lost;  // groups rdma_cm dropped (MULTICAST_ERROR after the join)
+  // Under the Router's mutex (deliver() runs there): the joins in progress (PendingJoin), which
+  // hold their group until it is joined; the requests of a listening Datagram; the groups
+  // rdma_cm dropped, not yet taken by poll_events().
   std::vector<PendingJoin::Impl*> joining;
+  Inbox requests;
+  std::vector<const void*> dropped;
+  std::atomic<bool> device_removed{false}, address_changed{false};
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -68,24 +76,26 @@ struct Datagram::Impl {
   ~Impl();
 
   void drop(Group& g) noexcept {
-    if (g.attached) (void)ibv_detach_mcast(qp->native_handle(), &g.mgid, g.mlid);
+    if (g.attached) (void)ibv_detach_mcast(qp_handle, &g.mgid, g.mlid);
     (void)rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr));  // NOLINT
   }
-
   std::vector<std::unique_ptr<Group>>::iterator find(const sockaddr_storage& a) {
     return std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same_address(g->addr, a); });
   }
-  [[nodiscard]] bool is_joining(const sockaddr_storage& a) const;
-  /// Reads every event on the channel without waiting and hands each to the join in progress it
-  /// is for (a DEVICE_REMOVAL to all of them); drops the rest (news of a group joined before).
-  void route_events(Phase phase, SourceLocation where);
+  [[nodiscard]] bool is_joining(const sockaddr_storage& a);
+  /// The Router's route: a request, a join's news, a group dropped, the device or address.
+  static bool deliver(void* self, Event&& e) noexcept;
+  /// Reads the channel, then leave_dropped().
+  void pump(Phase phase, SourceLocation where);
+  /// Leaves the groups rdma_cm dropped (they go to `lost`).
+  void leave_dropped() noexcept;
 };
 
 // A join, as a state machine on the Datagram's channel (join() waits between steps).
 struct PendingJoin::Impl {
-  Datagram::Impl* d = nullptr;                  // null once the Datagram is gone
-  std::unique_ptr<Datagram::Impl::Group> g;     // until joined (or left)
-  std::vector<Event> inbox;                     // this join's events, read by any step()
+  Datagram::Impl* d = nullptr;               // null once the Datagram is gone
+  std::unique_ptr<Datagram::Impl::Group> g;  // until joined (or left)
+  Inbox inbox;                               // this join's events, read by any step()
   std::string name;
   milliseconds timeout{};
   Clock::time_point deadline;
@@ -101,9 +111,12 @@ struct PendingJoin::Impl {
   /// Leaves the group unless it was joined, and lets go of the Datagram.
   void end() noexcept {
     if (d == nullptr) return;
+    {
+      const std::lock_guard lock(d->router->mutex());
+      std::erase(d->joining, this);
+    }
     if (g) d->drop(*g);
     g.reset();
-    std::erase(d->joining, this);
     d = nullptr;
   }
 
@@ -116,13 +129,13 @@ struct PendingJoin::Impl {
     if (e.type != RDMA_CM_EVENT_MULTICAST_JOIN) return std::nullopt;
     g->mgid = e.ah_attr.grh.dgid;
     g->mlid = e.ah_attr.dlid;
-    if (ibv_attach_mcast(d->qp->native_handle(), &g->mgid, g->mlid) != 0)
-      fail(errno, Phase::connect, name + ": ibv_attach_mcast", where);
+    if (ibv_attach_mcast(d->qp_handle, &g->mgid, g->mlid) != 0) fail(errno, Phase::connect, name + ": ibv_attach_mcast", where);
     g->attached = true;
     DatagramPeer peer{.ah = AddressHandle::from_attributes(*d->pd, e.ah_attr, where),
                       .qp_num = e.ud_qp_num,
                       .qkey = e.ud_qkey,
                       .private_data = {}};
+    std::erase(d->lost, name);
     d->groups.push_back(std::move(g));
     done = true;
     end();
@@ -133,13 +146,13 @@ struct PendingJoin::Impl {
     if (failed) std::rethrow_exception(failed);
     if (done) fail(ENOTCONN, Phase::connect, "PendingJoin::step: the join of " + name + " is over (its peer was returned)", where);
     try {
-      if (d == nullptr)
-        fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
-      d->route_events(Phase::connect, where);
-      while (!inbox.empty()) {
-        Event e = std::move(inbox.front());
-        inbox.erase(inbox.begin());
-        if (auto peer = on_event(std::move(e))) return peer;
+      if (d == nullptr) fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
+      for (;;) {
+        std::error_code ec;
+        std::optional<Event> e = inbox.next(*d->router, ec);
+        if (ec) fail(ec.value(), Phase::connect, "rdma_get_cm_event", where);
+        if (!e) break;
+        if (auto peer = on_event(std::move(*e))) return peer;
       }
       if (Clock::now() >= deadline)
         fail(ETIMEDOUT, Phase::connect,
@@ -154,29 +167,75 @@ struct PendingJoin::Impl {
 };
 
 Datagram::Impl::~Impl() {
+  if (on_router) {
+    router->remove(id.get());
+    for (const Event& e : requests.events)  // resolve() requests never answered: refused
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        (void)router->take_parked(e.id);
+        Router::refuse(e.id);
+      }
+  }
   // Joins in progress are left first, and told that the Datagram is gone.
   while (!joining.empty()) joining.back()->end();
   for (const auto& g : groups) drop(*g);
-  // Members go in reverse order: the QP before the CQs and PD, the id (and channel) last.
+  // Members go in reverse order: the QP before the CQs and PD, the id last.
 }
 
-bool Datagram::Impl::is_joining(const sockaddr_storage& a) const {
+bool Datagram::Impl::is_joining(const sockaddr_storage& a) {
+  const std::lock_guard lock(router->mutex());
   return std::any_of(joining.begin(), joining.end(), [&](const PendingJoin::Impl* j) { return same_address(j->g->addr, a); });
 }
 
-void Datagram::Impl::route_events(Phase phase, SourceLocation where) {
-  for (;;) {
-    std::error_code ec;
-    std::optional<Event> e = next_event(channel.get(), Clock::time_point{}, ec);  // never waits
-    if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
-    if (!e) return;
-    if (e->type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-      for (PendingJoin::Impl* j : joining) j->inbox.push_back(*e);
-      continue;
+bool Datagram::Impl::deliver(void* self, Event&& e) noexcept {
+  auto& d = *static_cast<Impl*>(self);
+  switch (e.type) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return d.requests.keep(std::move(e));
+    case RDMA_CM_EVENT_ADDR_CHANGE: d.address_changed = true; return true;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      d.device_removed = true;
+      for (PendingJoin::Impl* j : d.joining) (void)j->inbox.keep(Event(e));
+      (void)d.requests.keep(std::move(e));  // a blocking accept() hears of it
+      return true;
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+    case RDMA_CM_EVENT_MULTICAST_ERROR: {
+      const auto it = std::find_if(d.joining.begin(), d.joining.end(),
+                                   [&](const PendingJoin::Impl* j) { return j->g.get() == e.context; });
+      if (it != d.joining.end()) return (*it)->inbox.keep(std::move(e));
+      // A group joined before: rdma_get_cm_event(3) says it "is no longer accessible and should
+      // be rejoined".
+      if (e.type == RDMA_CM_EVENT_MULTICAST_ERROR) try {
+          d.dropped.push_back(e.context);
+        } catch (const std::bad_alloc&) {
+        }
+      return true;
     }
-    // Another group's news (a later MULTICAST_ERROR of a group joined before is not kept).
-    const auto it = std::find_if(joining.begin(), joining.end(), [&](const PendingJoin::Impl* j) { return j->g.get() == e->context; });
-    if (it != joining.end()) (*it)->inbox.push_back(std::move(*e));
+    default: return true;
+  }
+}
+
+void Datagram::Impl::pump(Phase phase, SourceLocation where) {
+  std::error_code ec;
+  router->pump(ec);
+  if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
+  leave_dropped();
+}
+
+void Datagram::Impl::leave_dropped() noexcept {
+  std::vector<const void*> gone;
+  {
+    const std::lock_guard lock(router->mutex());
+    gone.swap(dropped);
+  }
+  for (const void* context : gone) {
+    const auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.get() == context; });
+    if (it == groups.end()) continue;
+    try {
+      lost.push_back((*it)->name);
+    } catch (const std::bad_alloc&) {
+      // Left all the same; only the name is not listed.
+    }
+    drop(**it);
+    groups.erase(it);
   }
 }
 
@@ -187,30 +246,27 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
     fail(EINVAL, Phase::listen,
          "DatagramOptions::qp.type is " + std::string(to_string(o.qp.type)) + ": a Datagram is a UD QP; nothing was made",
          where);
-  sockaddr_storage a = to_sockaddr(address, port, Phase::listen, where);
+  sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
   if (is_wildcard(a))
     fail(EINVAL, Phase::listen,
          "a Datagram needs the address of one RDMA device, not the wildcard '" + std::string(address) +
              "' (its QP lives on one device); nothing was made",
          where);
   Impl& d = *impl_;
-  d.channel = make_channel(Phase::listen, where);
-  d.id = make_id(d.channel, Phase::listen, where, RDMA_PS_UDP);
+  d.router = Router::make(false, Phase::listen, where);
+  d.id = d.router->make_id(RDMA_PS_UDP, Phase::listen, where);
+  d.router->add(d.id.get(), {&d, &Impl::deliver});
+  d.on_router = true;
   set_bind_options(d.id.get(), o.reuse_address, std::nullopt, Phase::listen, where);
   if (rdma_bind_addr(d.id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
     fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
   if (d.id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
   d.port = ntohs(rdma_get_src_port(d.id.get()));
-  // The Device keeps an id of its own alive (device_for's), not this one: whatever outlives
-  // the Datagram (an AddressHandle of a DatagramPeer, a region on its PD) must not keep its
-  // port bound, or its listener listening with nobody to answer.
-  d.device.emplace(device_for(address, where));
-  if (d.device->native_handle() != d.id->verbs)
-    fail(ENODEV, Phase::listen, "rdma_cm gave " + std::string(address) + " two device contexts", where);
+  d.device.emplace(device_of(d.id->verbs, Phase::listen, where));
   const std::string owner = "the Datagram's (" + d.device->name() + ")";
   const std::string remedy = "make it from cm::device_for(\"" + std::string(address) + "\")";
-  make_pd_and_cqs(*d.device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "DatagramOptions::", owner, remedy,
-                  Phase::listen, where, d.pd, d.send_cq, d.recv_cq);
+  make_pd_and_cqs(*d.device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "DatagramOptions::", owner, remedy, Phase::listen,
+                  where, d.pd, d.send_cq, d.recv_cq);
   if (o.qp.srq != nullptr) check_same_context(o.qp.srq, d.id->verbs, "QpOptions::srq", owner, remedy, Phase::listen, where);
   QpOptions q = o.qp;
   q.qkey = datagram_qkey;
@@ -218,6 +274,7 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
   // The core's QP, not rdma_create_qp(3): librdmacm sees none on the id, and the answers to
   // resolve() requests name it by number.
   d.qp.emplace(*d.pd, *d.send_cq, *d.recv_cq, q, where);
+  d.qp_handle = d.qp->native_handle();
   d.qp->activate(where);
 }
 
@@ -229,17 +286,25 @@ Device& Datagram::device() noexcept { return *impl_->device; }
 const ProtectionDomain& Datagram::pd() const noexcept { return *impl_->pd; }
 CompletionQueue& Datagram::send_cq() noexcept { return *impl_->send_cq; }
 CompletionQueue& Datagram::recv_cq() noexcept { return *impl_->recv_cq; }
-QueuePair& Datagram::qp() noexcept { return *impl_->qp; }
+const QueuePair& Datagram::qp() const noexcept { return *impl_->qp; }
 std::uint16_t Datagram::port() const noexcept { return impl_->port; }
 std::string Datagram::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
-int Datagram::fd() const noexcept { return impl_->channel->fd; }
+int Datagram::fd() const noexcept { return impl_->router->object_fd(); }
 rdma_cm_id* Datagram::native_handle() const noexcept { return impl_->id.get(); }
 
-// A resolve, as a state machine driven by the events of its own channel (resolve() waits
-// between steps).
+bool Datagram::poll_events(SourceLocation where) {
+  impl_->pump(Phase::established, where);
+  return !impl_->device_removed;
+}
+std::vector<std::string> Datagram::lost_groups() const { return impl_->lost; }
+bool Datagram::address_changed() const noexcept { return impl_->address_changed; }
+
+// A resolve, as a state machine driven by the events of its own Router (resolve() waits
+// between steps). A short-lived id of its own per request: an id resolves one destination.
 struct PendingResolve::Impl {
-  std::shared_ptr<rdma_event_channel> ch;
+  std::shared_ptr<Router> router;
   std::shared_ptr<rdma_cm_id> id;
+  Inbox inbox;
   std::optional<ProtectionDomain> pd;  // the Datagram's, shared: the answer's AH is made on it
   ibv_context* context = nullptr;      // the Datagram's device
   std::string device_name;
@@ -252,6 +317,15 @@ struct PendingResolve::Impl {
   int resolve_ms = 0;
   SourceLocation where;
   std::exception_ptr failed;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() { close(); }
+  void close() noexcept {
+    id.reset();  // its deleter leaves the Router, before `inbox` goes
+    router.reset();
+  }
 
   [[nodiscard]] Clock::time_point resolve_deadline() const {
     return std::min(deadline, detail::deadline_after(o.resolve_timeout));
@@ -304,8 +378,7 @@ struct PendingResolve::Impl {
                       .qp_num = got.ud_qp_num,
                       .qkey = got.ud_qkey,
                       .private_data = got.private_data};
-    id.reset();
-    ch.reset();
+    close();
     return peer;
   }
 
@@ -315,18 +388,18 @@ struct PendingResolve::Impl {
     try {
       for (;;) {
         std::error_code ec;
-        std::optional<Event> e = next_event(ch.get(), Clock::time_point{}, ec);  // never waits
+        std::optional<Event> e = inbox.next(*router, ec);  // never waits
         if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
         if (!e) {
-          if (Clock::now() >= step_deadline) fail_no_answer(phase, phase == Phase::connect ? o.timeout : o.resolve_timeout, where);
+          if (Clock::now() >= step_deadline)
+            fail_no_answer(phase, phase == Phase::connect ? o.timeout : o.resolve_timeout, where);
           return std::nullopt;
         }
         if (auto peer = on_event(std::move(*e))) return peer;
       }
     } catch (...) {
       failed = std::current_exception();
-      id.reset();
-      ch.reset();
+      close();
       throw;
     }
   }
@@ -334,6 +407,11 @@ struct PendingResolve::Impl {
 
 PendingResolve Datagram::start_resolve(std::string_view host, std::uint16_t port, const ResolveOptions& o,
                                        SourceLocation where) {
+  return start_resolve_at(numeric_address(host, port, Phase::resolve_address, where), host, port, o, where);
+}
+
+PendingResolve Datagram::start_resolve_at(const sockaddr_storage& dst, std::string_view host, std::uint16_t port,
+                                          const ResolveOptions& o, SourceLocation where) {
   auto r = std::make_unique<PendingResolve::Impl>();
   r->target = std::string(host) + ":" + std::to_string(port);
   r->where = where;
@@ -349,30 +427,31 @@ PendingResolve Datagram::start_resolve(std::string_view host, std::uint16_t port
   r->context = impl_->id->verbs;
   r->device_name = impl_->device->name();
   r->qp_num = impl_->qp->qp_num();
-  r->deadline = detail::deadline_after(o.timeout);
+  r->deadline = detail::deadline_after(r->o.timeout);
   r->step_deadline = r->resolve_deadline();
-  r->resolve_ms = std::max(1, std::min(detail::poll_ms_until(r->deadline), clamp_ms(o.resolve_timeout)));
-  // A short-lived id of its own per request: an id resolves one destination, and its events
-  // must not mix with the Datagram's (requests, joins).
-  r->ch = make_channel(Phase::resolve_address, where);
-  r->id = make_id(r->ch, Phase::resolve_address, where, RDMA_PS_UDP);
-  sockaddr_storage dst = to_sockaddr(host, port, Phase::resolve_address, where);
+  r->resolve_ms = std::max(1, std::min(ms_until(r->deadline), clamp_ms(r->o.resolve_timeout)));
+  r->router = Router::make(false, Phase::resolve_address, where);
+  r->id = r->router->make_id(RDMA_PS_UDP, Phase::resolve_address, where);
+  r->router->add(r->id.get(), {&r->inbox, [](void* self, Event&& e) noexcept { return static_cast<Inbox*>(self)->keep(std::move(e)); }});
+  // From the Datagram's address, its port left to the system.
   sockaddr_storage src{};
   const sockaddr* mine = rdma_get_local_addr(impl_->id.get());
   std::memcpy(&src, mine, mine->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
   if (src.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;  // NOLINT
   else reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;                          // NOLINT
-  if (rdma_resolve_addr(r->id.get(), reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),  // NOLINT
+  sockaddr_storage to = dst;
+  if (rdma_resolve_addr(r->id.get(), reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&to),  // NOLINT
                         r->resolve_ms) != 0)
     fail(errno, Phase::resolve_address, r->target + ": rdma_resolve_addr", where);
   return PendingResolve(std::move(r));
 }
 
 DatagramPeer Datagram::resolve(std::string_view host, std::uint16_t port, const ResolveOptions& o, SourceLocation where) {
-  PendingResolve pending = start_resolve(host, port, o, where);
+  PendingResolve pending =
+      start_resolve_at(looked_up_address(host, port, Phase::resolve_address, where), host, port, o, where);
   for (;;) {
     if (auto peer = pending.step()) return std::move(*peer);
-    wait_readable(pending.fd(), pending.deadline(), pending.phase(), where);
+    pending.impl_->inbox.sleep(*pending.impl_->router, pending.deadline(), pending.phase(), where);
   }
 }
 
@@ -389,9 +468,9 @@ std::optional<DatagramPeer> PendingResolve::step() {
 }
 
 std::optional<DatagramPeer> PendingResolve::step(std::error_code& ec) noexcept {
-  return step_or_code([this] { return step(); }, ec);
+  return or_code([this] { return step(); }, ec);
 }
-int PendingResolve::fd() const noexcept { return impl_ && impl_->ch ? impl_->ch->fd : -1; }
+int PendingResolve::fd() const noexcept { return impl_ && impl_->router ? impl_->router->object_fd() : -1; }
 std::chrono::steady_clock::time_point PendingResolve::deadline() const noexcept {
   return impl_ ? impl_->step_deadline : Clock::time_point{};
 }
@@ -411,16 +490,16 @@ std::optional<DatagramRequest> Datagram::try_accept(std::span<const std::byte> p
              std::to_string(max_answer_private_data) + " bytes; nothing was sent",
          where);
   if (!impl_->listening) fail(EINVAL, Phase::accept, "Datagram::accept: call listen() first", where);
+  impl_->leave_dropped();
   for (;;) {
     std::error_code ec;
-    std::optional<Event> req = next_event(impl_->channel.get(), Clock::time_point{}, ec);  // never waits
+    std::optional<Event> req = impl_->requests.next(*impl_->router, ec);  // never waits
     if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
     if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       fail(ENODEV, Phase::accept, "the Datagram's RDMA device was removed (DEVICE_REMOVAL)", where);
-    if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
     // The request's id only carries the answer: the Datagram's QP is the one named.
-    const std::shared_ptr<rdma_cm_id> rid(req->id, [](rdma_cm_id* i) { rdma_destroy_id(i); });
+    const std::shared_ptr<rdma_cm_id> rid = impl_->router->own(req->id);
     DatagramRequest r{.peer_address = address_text(rdma_get_peer_addr(rid.get())), .private_data = std::move(req->private_data)};
     rdma_conn_param p{};
     p.qp_num = impl_->qp->qp_num();
@@ -441,7 +520,7 @@ DatagramRequest Datagram::accept(milliseconds timeout, std::span<const std::byte
     if (auto r = try_accept(private_data, where)) return std::move(*r);
     if (Clock::now() >= deadline)
       fail(ETIMEDOUT, Phase::accept, "no resolve request within " + std::to_string(timeout.count()) + " ms", where);
-    wait_readable(impl_->channel->fd, deadline, Phase::accept, where);
+    impl_->requests.sleep(*impl_->router, deadline, Phase::accept, where);
   }
 }
 
@@ -452,7 +531,7 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
   auto j = std::make_unique<PendingJoin::Impl>();
   j->g = std::make_unique<Impl::Group>();
   j->g->name = name;
-  j->g->addr = to_sockaddr(group, 0, Phase::connect, where);
+  j->g->addr = numeric_address(group, 0, Phase::connect, where);
   if (!is_multicast(j->g->addr))
     fail(EINVAL, Phase::connect, name + " is not a multicast address (IPv4 224.0.0.0/4, IPv6 ff00::/8)", where);
   if (d.find(j->g->addr) != d.groups.end()) fail(EINVAL, Phase::connect, name + " is joined already", where);
@@ -461,12 +540,18 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
   j->timeout = timeout;
   j->deadline = detail::deadline_after(timeout);
   j->where = where;
-  d.joining.reserve(d.joining.size() + 1);  // so that nothing can throw once rdma_cm has the join
-  if (rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get()) != 0)  // NOLINT
-    fail(errno, Phase::connect, "rdma_join_multicast(" + name + ")", where);
-  // From here the join is rdma_cm's: the PendingJoin leaves it unless it completes.
-  d.joining.push_back(j.get());
+  {
+    // Listed before rdma_cm has the join: its answer finds it, whoever reads the channel.
+    const std::lock_guard lock(d.router->mutex());
+    d.joining.push_back(j.get());
+  }
   j->d = &d;
+  if (rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get()) != 0) {  // NOLINT
+    const int err = errno;
+    j->g.reset();  // nothing to leave
+    j->end();
+    fail(err, Phase::connect, "rdma_join_multicast(" + name + ")", where);
+  }
   return PendingJoin(std::move(j));
 }
 
@@ -474,7 +559,7 @@ DatagramPeer Datagram::join(std::string_view group, milliseconds timeout, Source
   PendingJoin pending = start_join(group, timeout, where);
   for (;;) {
     if (auto peer = pending.step()) return std::move(*peer);
-    wait_readable(impl_->channel->fd, pending.deadline(), Phase::connect, where);
+    pending.impl_->inbox.sleep(*impl_->router, pending.deadline(), Phase::connect, where);
   }
 }
 
@@ -490,8 +575,10 @@ std::optional<DatagramPeer> PendingJoin::step() {
   return impl_->step();
 }
 
-std::optional<DatagramPeer> PendingJoin::step(std::error_code& ec) noexcept { return step_or_code([this] { return step(); }, ec); }
-int PendingJoin::fd() const noexcept { return impl_ && impl_->d != nullptr ? impl_->d->channel->fd : -1; }
+std::optional<DatagramPeer> PendingJoin::step(std::error_code& ec) noexcept {
+  return or_code([this] { return step(); }, ec);
+}
+int PendingJoin::fd() const noexcept { return impl_ && impl_->d != nullptr ? impl_->d->router->object_fd() : -1; }
 std::chrono::steady_clock::time_point PendingJoin::deadline() const noexcept {
   return impl_ ? impl_->deadline : Clock::time_point{};
 }
@@ -502,12 +589,12 @@ const std::string& PendingJoin::group() const noexcept {
 
 void Datagram::leave(std::string_view group, SourceLocation where) {
   Impl& d = *impl_;
-  const sockaddr_storage a = to_sockaddr(group, 0, Phase::connect, where);
+  const sockaddr_storage a = numeric_address(group, 0, Phase::connect, where);
   const auto it = d.find(a);
   if (it == d.groups.end()) fail(EINVAL, Phase::connect, std::string(group) + " is not joined", where);
   const std::unique_ptr<Impl::Group> g = std::move(*it);
   d.groups.erase(it);
-  if (ibv_detach_mcast(d.qp->native_handle(), &g->mgid, g->mlid) != 0) {
+  if (ibv_detach_mcast(d.qp_handle, &g->mgid, g->mlid) != 0) {
     const int err = errno;
     (void)rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr));  // NOLINT
     fail(err, Phase::connect, std::string(group) + ": ibv_detach_mcast", where);

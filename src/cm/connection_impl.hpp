@@ -1,0 +1,158 @@
+// What the rooms of an RC connection share (docs/design/cm.md): Connection::Impl, built by the
+// qp room (connection_qp.cpp), run by the connection room (connection.cpp), made by the active
+// side (connect.cpp) and the passive side (listen.cpp). Not installed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cm/router.hpp"
+#include "detail.hpp"
+
+namespace verbs::cm {
+namespace internal {
+
+/// Fails (EINVAL) unless `given` is non-empty and on the device context `ctx`: `what` names the
+/// option, `owner` what it is for ("the connection", "the Datagram"), `remedy` how to make a
+/// right one.
+template <typename T>
+void check_same_context(const T* given, ibv_context* ctx, std::string_view what, std::string_view owner,
+                        std::string_view remedy, Phase phase, SourceLocation where) {
+  if (given->native_handle() == nullptr)
+    fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
+  if (given->native_handle()->context != ctx)
+    fail(EINVAL, phase,
+         std::string(what) + " is on another device context than " + std::string(owner) + ": " + std::string(remedy),
+         where);
+}
+
+/// The PD and CQs of a connection or a Datagram on `dev`: those the caller shares (`pd`,
+/// `send_cq`, `recv_cq`, each checked with check_same_context, `prefix` naming its options),
+/// else new ones (CQs of `cq_depth` entries with a completion channel).
+void make_pd_and_cqs(const Device& dev, const ProtectionDomain* pd, const CompletionQueue* send_cq,
+                     const CompletionQueue* recv_cq, int cq_depth, std::string_view prefix, std::string_view owner,
+                     std::string_view remedy, Phase phase, SourceLocation where,
+                     std::optional<ProtectionDomain>& pd_out, std::optional<CompletionQueue>& send_out,
+                     std::optional<CompletionQueue>& recv_out);
+
+/// Checks of the options that need no device, made before anything is sent or waited for.
+void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where);
+/// The private data of `o` as sent (the exposed slice, then the caller's bytes), within `limit`
+/// (EMSGSIZE) and not to be misread by the peer (EINVAL).
+std::vector<std::byte> frame(const ConnectionOptions& o, std::size_t limit, Phase phase, SourceLocation where);
+/// As frame(), with the path MTU tag `tag` in front: this side takes a smaller path MTU than the
+/// peer would use (`assumed`) without it.
+std::vector<std::byte> frame_with_mtu(const ConnectionOptions& o, std::size_t limit, Mtu tag, Mtu assumed, Phase phase,
+                                      SourceLocation where);
+/// The [initiator, responder] depths of a connect, or (with the request) of an accept: those of
+/// the options, capped by the device and by what the request offers (rdma_accept(3)).
+rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev,
+                           const QueuePair& qp, const Event* request = nullptr);
+
+}  // namespace internal
+
+struct Connection::Impl {
+  using Event = internal::Event;
+  // Its Router (its own channel's, or an EventChannel's): the id's deleter leaves it.
+  std::shared_ptr<internal::Router> router;
+  std::shared_ptr<rdma_cm_id> id;
+  std::optional<Device> device;
+  // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
+  // recv_cq): the caller's objects may be moved or destroyed while the connection lives.
+  std::optional<ProtectionDomain> pd;
+  std::optional<CompletionQueue> send_cq, recv_cq;
+  std::optional<QueuePair> qp;
+  std::vector<std::byte> peer_private;
+  std::optional<RemoteSlice> peer_remote;
+  AccessFlags access;
+  // Set while connecting or accepting, before the Connection is handed out; read-only after.
+  bool established = false;
+  TransportOptions transport;
+  std::uint8_t responder = 0, initiator = 0;  // read/atomic depths of the handshake
+  // Path MTUs: the peer's tag (the most it takes, when below what it expects of us); after RTR,
+  // the QP's, and the one the peer would use without a tag from us (see mtu_limit()).
+  std::optional<Mtu> peer_mtu;
+  ibv_mtu rtr_mtu = IBV_MTU_4096, peer_assumes = IBV_MTU_4096;
+  // What the events have told, written by whichever thread reads them (waits may run in several
+  // threads at once, e.g. one per CQ): atomics.
+  std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
+  std::atomic<bool> peer_gone{false};
+  std::atomic<bool> device_removed{false};   // DEVICE_REMOVAL: over, but not the peer's doing
+  std::atomic<bool> address_changed{false};  // ADDR_CHANGE seen
+  // Eventfds made readable (and left so) once the connection is over (over_fd), and once the
+  // peer or the device ended it (gone_fd): every thread asleep in a wait polls one, so the
+  // thread that read the ending event (or disconnect()ed) wakes the others. Made by the first
+  // thread about to sleep (wake_fd()): a connection driven from an event loop holds one
+  // descriptor, its channel. A waiter makes the fd before it reads the flags, and wake_all()
+  // reads it after they are set (both seq_cst): the waiter sees the end, or is woken.
+  std::atomic<int> over_fd{-1};
+  std::atomic<int> gone_fd{-1};
+  // The device context's async event reader, and the first fatal event it routed to this QP
+  // (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, or DEVICE_FATAL; -1: none).
+  std::shared_ptr<detail::AsyncHub> hub;
+  const ibv_qp* routed_qp = nullptr;  // the QP its async route names: teardown never reads `qp`
+  std::atomic<int> fatal_event{-1};
+  // Under the Router's mutex: while the handshake runs, the events for it wait in `inbox` for
+  // step(); once established, deliver() notes them at once.
+  bool on_router = false;
+  bool handshaking = true;
+  internal::Inbox inbox;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
+
+  // ---- the qp room (connection_qp.cpp) ----
+  /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device, in INIT.
+  void build(const ConnectionOptions& o, Phase phase, SourceLocation where);
+  /// Moves the QP to `state` with what rdma_cm knows and what is this side's to choose.
+  void transition(ibv_qp_state state, Phase phase, SourceLocation where);
+  /// The largest path MTU this side takes, given the route's.
+  [[nodiscard]] ibv_mtu mtu_limit(ibv_mtu route) const noexcept;
+  /// INIT -> RTR -> RTS, with the depths of the handshake (`p`, as this side sends or sent it).
+  void to_rts(const rdma_conn_param& p, Phase phase, SourceLocation where);
+  /// Moves the QP to ERR, flushing what is posted (see connection_qp.cpp).
+  void to_error() noexcept;
+  /// The peer's private data: its MTU tag and exposed slice, then the rest.
+  void take_private_data(std::vector<std::byte> data);
+
+  // ---- the connection room (connection.cpp) ----
+  /// Joins the routes of `router` (the id is made or moved there by the caller), with what came
+  /// for it meanwhile (`earlier`).
+  void join(std::uint64_t key, std::vector<Event> earlier = {});
+  /// The handshake's next event, without blocking; empty with `ec` clear when there is none yet.
+  std::optional<Event> next(std::error_code& ec) { return inbox.next(*router, ec); }
+  /// Sleeps until the handshake may have news, or `deadline`.
+  void wait_handshake(internal::Clock::time_point deadline, Phase phase, SourceLocation where) {
+    inbox.sleep(*router, deadline, phase, where);
+  }
+  /// Once this side is connected: events from now on are noted as they come.
+  void on_established();
+  /// What an event of the established connection changes: a disconnect, a device removal.
+  void note(const Event& e) noexcept;
+  /// The Router's route (Router::Deliver).
+  static bool deliver(void* self, Event&& e) noexcept;
+  /// The async event reader's route (detail::AsyncRoute).
+  static void on_async_event(void* self, const AsyncEvent& e) noexcept;
+  /// The eventfd in `slot`, made now if no thread made it yet; -1 with errno set on failure.
+  static int wake_fd(std::atomic<int>& slot) noexcept;
+  /// Makes over_fd readable (and gone_fd once the peer or the device ended the connection).
+  void wake_all() noexcept;
+  [[nodiscard]] bool failed() const noexcept { return fatal_event.load() >= 0; }
+  [[nodiscard]] bool over() const noexcept { return peer_gone || device_removed || disconnected || failed(); }
+  /// The errno a wait fails with once the connection is over, and what ended it in words.
+  [[nodiscard]] int over_errno() const noexcept;
+  [[nodiscard]] std::string over_text() const;
+  /// After the peer left (or the device went, or a fatal event): disconnect our side too.
+  void settle() noexcept;
+  /// Reads the channel and the device's async events without blocking.
+  void pump(std::error_code& ec) noexcept;
+};
+
+}  // namespace verbs::cm

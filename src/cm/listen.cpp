@@ -1,0 +1,291 @@
+// The passive side of verbs::cm (docs/design/cm.md): a Listener, its handshakes in progress,
+// PendingAccept, accept(), and device_for().
+#include "cm/connection_impl.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+
+namespace verbs::cm {
+
+using namespace internal;
+
+// The handshake of an accepted request, from the answer (rdma_accept) to ESTABLISHED.
+struct PendingAccept::Impl {
+  std::unique_ptr<Connection::Impl> c;
+  Clock::time_point deadline;
+  milliseconds budget{};
+  SourceLocation where;
+  std::exception_ptr failed;
+
+  std::optional<Connection> step() {
+    if (failed) std::rethrow_exception(failed);
+    if (!c) fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
+    try {
+      std::error_code ec;
+      std::optional<Event> e = c->next(ec);  // never waits
+      if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+      if (!e) {
+        if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
+        return std::nullopt;
+      }
+      // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
+      // was lost (connection management messages are datagrams; a busy rxe drops some), so its
+      // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
+      // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
+      const Event got =
+          check_event(std::move(*e), RDMA_CM_EVENT_ESTABLISHED, Phase::accept, where, RDMA_CM_EVENT_DISCONNECTED);
+      c->on_established();
+      if (got.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
+      return Connection(std::move(c));
+    } catch (...) {
+      failed = std::current_exception();
+      c.reset();
+      throw;
+    }
+  }
+};
+
+PendingAccept::PendingAccept(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+PendingAccept::PendingAccept(PendingAccept&&) noexcept = default;
+PendingAccept& PendingAccept::operator=(PendingAccept&&) noexcept = default;
+PendingAccept::~PendingAccept() = default;
+
+std::optional<Connection> PendingAccept::step() {
+  if (!impl_)
+    detail::throw_error(make_error_code(Errc::empty_object), "PendingAccept::step: the PendingAccept is empty (moved from)",
+                        SourceLocation::current());
+  return impl_->step();
+}
+
+std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept {
+  return or_code([this] { return step(); }, ec);
+}
+
+int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->router->object_fd() : -1; }
+std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept {
+  return impl_ ? impl_->deadline : Clock::time_point{};
+}
+
+struct Listener::Impl {
+  std::shared_ptr<Router> router;  // its own channel's, or an EventChannel's
+  std::shared_ptr<rdma_cm_id> id;
+  std::string address;
+  std::uint16_t port = 0;
+  milliseconds handshake_timeout{};
+  std::size_t backlog = 0;  // ListenOptions::backlog: the requests `inbox` keeps at most
+  // Under the Router's mutex: the requests (and a DEVICE_REMOVAL) its readers handed over.
+  bool on_router = false;
+  Inbox inbox;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    if (!on_router) return;
+    // Requests handed over and not taken: refused, so that their clients hear at once (the
+    // kernel does the same with those still in the channel when the id goes).
+    std::vector<Event> left;
+    {
+      const std::lock_guard lock(router->mutex());
+      left.swap(inbox.events);
+    }
+    router->remove(id.get());
+    for (const Event& e : left) {
+      if (e.type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
+      (void)router->take_parked(e.id);
+      Router::refuse(e.id);
+    }
+  }
+
+  /// The listener's route (Router::Deliver): the kernel's backlog ends where the channel is
+  /// read, so this one holds what it would have.
+  static bool deliver(void* self, Event&& e) noexcept {
+    auto& l = *static_cast<Impl*>(self);
+    const auto is_request = [](const Event& x) { return x.type == RDMA_CM_EVENT_CONNECT_REQUEST; };
+    if (is_request(e) &&
+        static_cast<std::size_t>(std::count_if(l.inbox.events.begin(), l.inbox.events.end(), is_request)) >= l.backlog)
+      return false;  // refused by the Router, as a full backlog would
+    if (l.inbox.keep(std::move(e))) return true;
+    l.inbox.lost = false;  // a request is refused by the Router; anything else concerns no listener
+    return false;
+  }
+
+  /// Answers `req` (build, before_handshake, RTS, rdma_accept) and returns its handshake. A
+  /// failure rejects the request and throws (IdGone when the request's client has gone).
+  PendingAccept answer(Event& req, const ConnectionOptions& options, SourceLocation where);
+  /// A listener on an EventChannel accepts onto that channel only (its requests' ids are on it).
+  void check_channel(const ConnectionOptions& o, SourceLocation where) const;
+};
+
+void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
+  if (router->may_accept_onto(o.channel != nullptr ? ChannelAccess::hub(*o.channel).get() : nullptr)) return;
+  fail(EINVAL, Phase::accept,
+       "ConnectionOptions::channel names another EventChannel than the listener's (ListenOptions::channel): a "
+       "listener on an EventChannel accepts onto it; leave it empty or name the same one; nothing was taken",
+       where);
+}
+
+PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& options, SourceLocation where) {
+  ConnectionOptions o = options;  // before_handshake may expose what it registers
+  auto pending = std::make_unique<PendingAccept::Impl>();
+  auto c = std::make_unique<Connection::Impl>();
+  // Until the request's id is the connection's, a failure (no descriptor left for a channel of
+  // its own, say, or no memory) rejects the request, so that its client hears at once.
+  try {
+    pending->budget = handshake_timeout;
+    pending->deadline = detail::deadline_after(pending->budget);
+    pending->where = where;
+    c->router =
+        router->onto(o.channel != nullptr ? ChannelAccess::hub(*o.channel) : nullptr, Phase::accept, where);
+    if (!c->router) fail(EINVAL, Phase::accept, "ConnectionOptions::channel is empty (moved from)", where);
+  } catch (...) {
+    (void)router->take_parked(req.id);
+    Router::refuse(req.id);
+    throw;
+  }
+  c->id = c->router->own(req.id);  // (should it fail to allocate, its deleter destroys the id)
+  try {
+    // Routed before it moves: what came for the id since its request goes with it.
+    if (c->router == router) {
+      c->join(o.channel_key);
+    } else {
+      c->join(o.channel_key, router->take_parked(req.id));
+      if (rdma_migrate_id(req.id, c->router->channel()) != 0) fail_id(errno, Phase::accept, "rdma_migrate_id", where);
+    }
+    c->build(o, Phase::accept, where);
+    c->take_private_data(std::move(req.private_data));
+    if (o.before_handshake)
+      o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private, .expose = o.expose});
+    check_options(o, Phase::accept, where);  // again: it may have exposed a buffer
+    const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
+    rdma_conn_param p = conn_param(o, data, *c->device, *c->qp, &req);
+    // In RTS before the reply goes: the client may send (or write) as soon as it has it.
+    c->to_rts(p, Phase::accept, where);
+    // The client uses the request's MTU (its own) unless told: taking less, say so.
+    std::vector<std::byte> tagged;
+    if (c->rtr_mtu < c->peer_assumes) {
+      tagged = frame_with_mtu(o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu),
+                              static_cast<Mtu>(c->peer_assumes), Phase::accept, where);
+      p.private_data = tagged.data();
+      p.private_data_len = static_cast<std::uint8_t>(tagged.size());
+    }
+    if (const int err = c->router->command([&] { return rdma_accept(c->id.get(), &p); }))
+      fail_id(err, Phase::accept, "rdma_accept (did the client give up?)", where);
+  } catch (const Reject& r) {
+    const auto d = r.private_data();
+    rdma_reject(c->id.get(), d.empty() ? nullptr : d.data(), static_cast<std::uint8_t>(d.size()));
+    throw;
+  } catch (...) {
+    rdma_reject(c->id.get(), nullptr, 0);
+    throw;
+  }
+  pending->c = std::move(c);
+  return PendingAccept(std::move(pending));
+}
+
+Listener::Listener(std::string_view address, std::uint16_t port, const ListenOptions& options, SourceLocation where)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& l = *impl_;
+  const sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
+  l.router = options.channel != nullptr ? ChannelAccess::hub(*options.channel) : Router::make(false, Phase::listen, where);
+  if (!l.router) fail(EINVAL, Phase::listen, "ListenOptions::channel is empty (moved from)", where);
+  l.id = l.router->make_id(RDMA_PS_TCP, Phase::listen, where);
+  l.backlog = static_cast<std::size_t>(std::max(1, options.backlog));
+  l.router->add(l.id.get(), {&l, &Impl::deliver, options.channel_key});  // routed before it listens
+  l.on_router = true;
+  l.address = address;
+  l.handshake_timeout = options.handshake_timeout;
+  const std::string bound = std::string(address) + ":" + std::to_string(port);
+  set_bind_options(l.id.get(), false, options.ipv6_only, Phase::listen, where);
+  sockaddr_storage b = a;
+  if (rdma_bind_addr(l.id.get(), reinterpret_cast<sockaddr*>(&b)) != 0)  // NOLINT
+    fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
+  const bool wildcard = address.empty() || address == "0.0.0.0" || address == "::";
+  if (!wildcard && l.id->verbs == nullptr)
+    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
+  if (rdma_listen(l.id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + bound + ")", where);
+  l.port = ntohs(rdma_get_src_port(l.id.get()));
+}
+
+Listener::Listener(Listener&&) noexcept = default;
+Listener& Listener::operator=(Listener&&) noexcept = default;
+Listener::~Listener() = default;
+
+std::uint16_t Listener::port() const noexcept { return impl_->port; }
+int Listener::fd() const noexcept { return impl_->router->object_fd(); }
+rdma_cm_id* Listener::native_handle() const noexcept { return impl_->id.get(); }
+
+Device Listener::device(SourceLocation where) const {
+  if (impl_->id->verbs == nullptr)
+    fail(ENODEV, Phase::listen, "a listener on a wildcard address has no single device: use cm::device_for(address)", where);
+  return device_of(impl_->id->verbs, Phase::listen, where);
+}
+
+std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
+  (void)frame(o, max_accept_private_data, Phase::accept, where);
+  check_options(o, Phase::accept, where);
+  impl_->check_channel(o, where);
+  for (;;) {
+    std::error_code ec;
+    std::optional<Event> req = impl_->inbox.next(*impl_->router, ec);  // never waits
+    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+    if (!req) return std::nullopt;
+    if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
+      fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);
+    if (req->type == RDMA_CM_EVENT_CONNECT_REQUEST) return impl_->answer(*req, o, where);
+  }
+}
+
+// One request per call, answered with this call's options (what they hold, e.g. buffers the
+// caller made for this connection, is this connection's), and its handshake completed. A request
+// whose client has gone, or whose handshake fails (the client left, or did not confirm within
+// handshake_timeout), is dropped, and the call goes on to the next request.
+Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
+  Impl& l = *impl_;
+  const auto deadline = detail::deadline_after(timeout);
+  (void)frame(o, max_accept_private_data, Phase::accept, where);  // nothing is sent for options that cannot be
+  check_options(o, Phase::accept, where);
+  l.check_channel(o, where);
+  for (;;) {
+    std::optional<PendingAccept> pending;
+    try {
+      pending = start_accept(o, where);
+    } catch (const IdGone&) {
+      continue;  // its client gave up: the next request
+    }
+    while (pending) {
+      std::optional<Connection> c;
+      try {
+        c = pending->step();
+      } catch (const ConnectError& e) {
+        if (e.phase() != Phase::accept || Clock::now() >= deadline) throw;
+        break;  // the client left, or never confirmed: the next request
+      }
+      if (c) return std::move(*c);
+      pending->impl_->c->wait_handshake(pending->deadline(), Phase::accept, where);
+    }
+    if (pending) continue;
+    if (Clock::now() >= deadline)
+      fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
+    l.inbox.sleep(*l.router, deadline, Phase::accept, where);
+  }
+}
+
+std::optional<Connection> Listener::accept(milliseconds timeout, const ConnectionOptions& options,
+                                           std::error_code& ec) {
+  return or_code([&] { return accept(timeout, options); }, ec);
+}
+
+Device device_for(std::string_view local_address, SourceLocation where) {
+  sockaddr_storage a = looked_up_address(local_address, 0, Phase::listen, where);
+  const auto router = Router::make(false, Phase::listen, where);
+  const auto id = router->make_id(RDMA_PS_TCP, Phase::listen, where);
+  if (rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
+    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")", where);
+  if (id->verbs == nullptr)
+    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address), where);
+  return device_of(id->verbs, Phase::listen, where);
+}
+
+}  // namespace verbs::cm
