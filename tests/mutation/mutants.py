@@ -354,7 +354,7 @@ MUTANTS = [
     },
     {
         "id": "cm-qp-grants-remote-write-not-asked",
-        "file": "src/cm.cpp",
+        "file": "src/cm/connection_qp.cpp",
         "from": "a.qp_access_flags = static_cast<unsigned>(access.value());",
         "to": "a.qp_access_flags = static_cast<unsigned>(access.value()) | unsigned{IBV_ACCESS_REMOTE_WRITE};",
         "suite": "device",
@@ -364,8 +364,8 @@ MUTANTS = [
     },
     {
         "id": "cm-mtu-tag-not-applied",
-        "file": "src/cm.cpp",
-        "from": "          if (peer_mtu) a.path_mtu = std::min(a.path_mtu, static_cast<ibv_mtu>(*peer_mtu));\n",
+        "file": "src/cm/connection_qp.cpp",
+        "from": "        if (peer_mtu) a.path_mtu = std::min(a.path_mtu, static_cast<ibv_mtu>(*peer_mtu));\n",
         "to": "",
         "suite": "device",
         "tests": r"^Cm\.A(Server|Client)ThatTakesASmallerMtuHas(TheClient|TheServer)WriteAtIt$",
@@ -374,7 +374,7 @@ MUTANTS = [
     },
     {
         "id": "cm-private-data-limit-off-by-one",
-        "file": "src/cm.cpp",
+        "file": "src/cm/connection_qp.cpp",
         "from": "if (o.private_data.size() + extra > limit)",
         "to": "if (o.private_data.size() + extra > limit + 1)",
         "suite": "device",
@@ -384,7 +384,7 @@ MUTANTS = [
     },
     {
         "id": "cm-rnr-retry-not-applied",
-        "file": "src/cm.cpp",
+        "file": "src/cm/connection_qp.cpp",
         "from": "a.rnr_retry = t.rnr_retry_count;",
         "to": "a.rnr_retry = 7;",
         "suite": "device",
@@ -394,7 +394,7 @@ MUTANTS = [
     },
     {
         "id": "cm-reject-reason-decoded-wrongly",
-        "file": "src/cm.cpp",
+        "file": "src/cm/event.cpp",
         "from": "e.status == 8 ? \"rejected: no listener",
         "to": "e.status == 28 ? \"rejected: no listener",
         "suite": "device",
@@ -405,8 +405,8 @@ MUTANTS = [
     },
     {
         "id": "cm-event-channel-notify-lost",
-        "file": "src/cm.cpp",
-        "from": "(void)!::write(notify_fd, &one, sizeof one);",
+        "file": "src/cm/router.cpp",
+        "from": "(void)!::write(notify_fd_, &one, sizeof one);",
         "to": "(void)one;",
         "suite": "device",
         "tests": r"^CmEventLoop\.AnEventChannelsFdStaysReadableUntilDispatchNamesWhatAnotherCallRead$",
@@ -416,9 +416,9 @@ MUTANTS = [
     },
     {
         "id": "cm-handed-over-event-no-wakeup",
-        "file": "src/cm.cpp",
-        "from": "      (void)!::write(fd, &one, sizeof one);\n    }\n    return kept;",
-        "to": "      (void)one;\n    }\n    return kept;",
+        "file": "src/cm/router.cpp",
+        "from": "    (void)!::write(fd, &one, sizeof one);\n  }\n  return kept;",
+        "to": "    (void)one;\n  }\n  return kept;",
         "suite": "device",
         "tests": r"^CmEventLoop\.(ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffTheirChannel"
                  r"|ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListenersChannel)$",
@@ -430,10 +430,9 @@ MUTANTS = [
     },
     {
         "id": "cm-resolve-deadline-is-the-connects",
-        "file": "src/cm.cpp",
-        "from": "[[nodiscard]] Clock::time_point resolve_deadline() const { return std::min(deadline, "
-                "deadline_after(o.resolve_timeout)); }",
-        "to": "[[nodiscard]] Clock::time_point resolve_deadline() const { return deadline; }",
+        "file": "src/cm/connect.cpp",
+        "from": "    return std::min(deadline, detail::deadline_after(o.resolve_timeout));\n  }\n  /// The phase's limit",
+        "to": "    return deadline;\n  }\n  /// The phase's limit",
         "suite": "device",
         "tests": r"^CmEventLoop\.APendingConnectToASilentAddressFailsAtItsDeadline$",
         "why": "a deadline ignored: address and route resolution wait for the whole connect timeout, not "
@@ -441,7 +440,7 @@ MUTANTS = [
     },
     {
         "id": "cm-connect-step-never-times-out",
-        "file": "src/cm.cpp",
+        "file": "src/cm/connect.cpp",
         "from": "          if (Clock::now() >= step_deadline) timed_out();\n",
         "to": "",
         "suite": "device",
@@ -452,9 +451,9 @@ MUTANTS = [
     },
     {
         "id": "cm-event-not-acknowledged",
-        "file": "src/cm.cpp",
-        "from": "      rdma_ack_cm_event(ev);\n      return e;",
-        "to": "      return e;",
+        "file": "src/cm/router.cpp",
+        "from": "    rdma_ack_cm_event(ev);  // at once: rdma_destroy_id(3) waits for its id's events\n",
+        "to": "",
         "suite": "device",
         "tests": r"^Cm\.NoListenerIsRejectedQuickly$",
         "why": "an rdma_cm event read by next_event is never acknowledged, so rdma_destroy_id blocks for ever when "
@@ -464,9 +463,9 @@ MUTANTS = [
     },
     {
         "id": "cm-async-route-left-behind",
-        "file": "src/cm.cpp",
-        "from": "    if (routed) hub->remove_route(qp->native_handle());",
-        "to": "    (void)routed;",
+        "file": "src/cm/connection.cpp",
+        "from": "  if (routed_qp != nullptr) hub->remove_route(routed_qp);",
+        "to": "  (void)routed_qp;",
         "suite": "device",
         "tests": r"^Cm\.AConnectionsAsyncEventRouteGoesWithIt$",
         "why": "a destroyed connection's async event route stays in the device's hub (its Impl freed): "
@@ -475,7 +474,7 @@ MUTANTS = [
     },
     {
         "id": "cm-datagram-qkey-not-applied",
-        "file": "src/cm_datagram.cpp",
+        "file": "src/cm/datagram.cpp",
         "from": "  q.qkey = datagram_qkey;\n",
         "to": "",
         "suite": "device",
@@ -485,7 +484,7 @@ MUTANTS = [
     },
     {
         "id": "cm-datagram-sidr-status-decoded-wrongly",
-        "file": "src/cm_datagram.cpp",
+        "file": "src/cm/datagram.cpp",
         "from": "      if (e.status == 1)\n",
         "to": "      if (e.status == -1)\n",
         "suite": "device",
@@ -496,7 +495,7 @@ MUTANTS = [
     },
     {
         "id": "cm-datagram-answer-private-data-off-by-one",
-        "file": "src/cm_datagram.cpp",
+        "file": "src/cm/datagram.cpp",
         "from": "if (private_data.size() > max_answer_private_data)",
         "to": "if (private_data.size() > max_answer_private_data + 1)",
         "suite": "device",
