@@ -396,6 +396,9 @@ struct AcceptOp {
 template <typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
                   Token&& token) {
+  // Refused before any request is answered: a connection accepted onto an EventChannel has no
+  // fd of its own to step its handshake by.
+  if (options.channel != nullptr) detail::require_own_fd(-1, "async_accept");
   auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch_own(ex, listener.fd(), "async_accept"));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(
       detail::AcceptOp{&listener, options, fd}, token, ex);

@@ -129,7 +129,8 @@ class EventChannel {
   ~EventChannel();
 
   /// An fd for an event loop (an epoll set over the channel's): readable when events wait to be
-  /// read, or keys wait for dispatch().
+  /// read, or keys wait for dispatch(). Made by the first call (the channel alone costs one
+  /// descriptor until then); -1 when it cannot be made (EMFILE) or the channel is empty.
   [[nodiscard]] int fd() const noexcept;
   /// Reads every pending event without blocking and hands each to its connection; returns the
   /// channel_key of each connection or handshake that got one since the last dispatch() (here

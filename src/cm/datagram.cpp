@@ -114,6 +114,7 @@ struct PendingJoin::Impl {
     {
       const std::lock_guard lock(d->router->mutex());
       std::erase(d->joining, this);
+      if (g) std::erase(d->dropped, g.get());  // its address may be a new group's
     }
     if (g) d->drop(*g);
     g.reset();
@@ -147,6 +148,7 @@ struct PendingJoin::Impl {
     if (done) fail(ENOTCONN, Phase::connect, "PendingJoin::step: the join of " + name + " is over (its peer was returned)", where);
     try {
       if (d == nullptr) fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
+      d->leave_dropped();  // what an earlier step read for the Datagram (a group it dropped)
       for (;;) {
         std::error_code ec;
         std::optional<Event> e = inbox.next(*d->router, ec);
@@ -594,6 +596,10 @@ void Datagram::leave(std::string_view group, SourceLocation where) {
   if (it == d.groups.end()) fail(EINVAL, Phase::connect, std::string(group) + " is not joined", where);
   const std::unique_ptr<Impl::Group> g = std::move(*it);
   d.groups.erase(it);
+  {
+    const std::lock_guard lock(d.router->mutex());
+    std::erase(d.dropped, g.get());  // its address may be a new group's
+  }
   if (ibv_detach_mcast(d.qp_handle, &g->mgid, g->mlid) != 0) {
     const int err = errno;
     (void)rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr));  // NOLINT

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 
 #include "detail.hpp"
@@ -142,7 +143,12 @@ std::string address_text(const sockaddr* sa) {
   }
   const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);  // NOLINT
   ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-  return "[" + std::string(text) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  // Appended, not "[" + std::string(text): g++ 12 at -O3 warns (-Wrestrict) about the latter.
+  std::string out(1, '[');
+  out += text;
+  out += "]:";
+  out += std::to_string(ntohs(in6->sin6_port));
+  return out;
 }
 
 void set_bind_options(rdma_cm_id* id, bool reuse_address, std::optional<bool> ipv6_only, Phase phase,
@@ -159,18 +165,43 @@ void set_bind_options(rdma_cm_id* id, bool reuse_address, std::optional<bool> ip
   }
 }
 
+namespace {
+
+/// librdmacm's list of devices (rdma_get_devices(3)), which holds a reference to each device's
+/// context until rdma_free_devices(3); one for every Device of cm while any lives (asking for
+/// it syncs librdmacm's list with the system's and opens every device: not once per connection).
+std::shared_ptr<ibv_context*> devices_with(ibv_context* ctx, Phase phase, SourceLocation where) {
+  struct Cache {
+    std::mutex mutex;
+    std::weak_ptr<ibv_context*> list;
+  };
+  static auto* cache = new Cache;  // NOLINT(cppcoreguidelines-owning-memory): Devices may outlive static destruction
+  const auto has = [ctx](const std::shared_ptr<ibv_context*>& l) {
+    for (ibv_context** c = l.get(); *c != nullptr; ++c)
+      if (*c == ctx) return true;
+    return false;
+  };
+  const std::lock_guard lock(cache->mutex);
+  if (auto l = cache->list.lock(); l && has(l)) return l;
+  errno = 0;
+  std::shared_ptr<ibv_context*> l(rdma_get_devices(nullptr), [](ibv_context** p) {
+    if (p != nullptr) rdma_free_devices(p);
+  });
+  if (!l) fail(errno != 0 ? errno : ENOMEM, phase, "rdma_get_devices", where);
+  if (!has(l)) fail(ENODEV, phase, "the RDMA device of this address is gone", where);
+  cache->list = l;  // (a device added since the last list: that list lives on with its Devices)
+  return l;
+}
+
+}  // namespace
+
 Device device_of(ibv_context* ctx, Phase phase, SourceLocation where) {
   if (ctx == nullptr) fail(ENODEV, phase, "no RDMA device for this address", where);
   // librdmacm keeps each device's context open while something holds a reference to it: an id
-  // on it, or the list rdma_get_devices(3) returns, until rdma_free_devices(3) (a device removed
-  // meanwhile is closed only then). The Device holds the list.
-  std::shared_ptr<ibv_context*> list(rdma_get_devices(nullptr), [](ibv_context** l) {
-    if (l != nullptr) rdma_free_devices(l);
-  });
-  if (!list) fail(errno != 0 ? errno : ENOMEM, phase, "rdma_get_devices", where);
-  for (ibv_context** c = list.get(); *c != nullptr; ++c)
-    if (*c == ctx) return Device::adopt(std::shared_ptr<ibv_context>(ctx, [list](ibv_context*) {}));
-  fail(ENODEV, phase, "the RDMA device of this address is gone", where);
+  // on it, or the list rdma_get_devices(3) returns (a device removed meanwhile is closed only
+  // once the last goes). The Device holds the list.
+  auto list = devices_with(ctx, phase, where);
+  return Device::adopt(std::shared_ptr<ibv_context>(ctx, [list = std::move(list)](ibv_context*) {}));
 }
 
 }  // namespace internal

@@ -85,12 +85,7 @@ struct Listener::Impl {
     if (!on_router) return;
     // Requests handed over and not taken: refused, so that their clients hear at once (the
     // kernel does the same with those still in the channel when the id goes).
-    std::vector<Event> left;
-    {
-      const std::lock_guard lock(router->mutex());
-      left.swap(inbox.events);
-    }
-    router->remove(id.get());
+    const std::vector<Event> left = router->remove_taking(id.get(), inbox);
     for (const Event& e : left) {
       if (e.type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
       (void)router->take_parked(e.id);
@@ -127,17 +122,21 @@ void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation wh
 }
 
 PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& options, SourceLocation where) {
-  ConnectionOptions o = options;  // before_handshake may expose what it registers
-  auto pending = std::make_unique<PendingAccept::Impl>();
-  auto c = std::make_unique<Connection::Impl>();
+  std::optional<ConnectionOptions> o;  // as given, but for what before_handshake exposes
+  std::unique_ptr<PendingAccept::Impl> pending;
+  std::unique_ptr<Connection::Impl> c;
   // Until the request's id is the connection's, a failure (no descriptor left for a channel of
   // its own, say, or no memory) rejects the request, so that its client hears at once.
   try {
+    o.emplace(options);
+    o->before_handshake = nullptr;  // the caller's own is called: its state carries across accepts
+    pending = std::make_unique<PendingAccept::Impl>();
+    c = std::make_unique<Connection::Impl>();
     pending->budget = handshake_timeout;
     pending->deadline = detail::deadline_after(pending->budget);
     pending->where = where;
     c->router =
-        router->onto(o.channel != nullptr ? ChannelAccess::hub(*o.channel) : nullptr, Phase::accept, where);
+        router->onto(o->channel != nullptr ? ChannelAccess::hub(*o->channel) : nullptr, Phase::accept, where);
     if (!c->router) fail(EINVAL, Phase::accept, "ConnectionOptions::channel is empty (moved from)", where);
   } catch (...) {
     (void)router->take_parked(req.id);
@@ -148,24 +147,25 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
   try {
     // Routed before it moves: what came for the id since its request goes with it.
     if (c->router == router) {
-      c->join(o.channel_key);
+      c->join(o->channel_key);
     } else {
-      c->join(o.channel_key, router->take_parked(req.id));
-      if (rdma_migrate_id(req.id, c->router->channel()) != 0) fail_id(errno, Phase::accept, "rdma_migrate_id", where);
+      c->join(o->channel_key, router->take_parked(req.id));
+      if (const int err = c->router->command([&] { return rdma_migrate_id(req.id, c->router->channel()); }))
+        fail_id(err, Phase::accept, "rdma_migrate_id", where);
     }
-    c->build(o, Phase::accept, where);
+    c->build(*o, Phase::accept, where);
     c->take_private_data(std::move(req.private_data));
-    if (o.before_handshake)
-      o.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private, .expose = o.expose});
-    check_options(o, Phase::accept, where);  // again: it may have exposed a buffer
-    const std::vector<std::byte> data = frame(o, max_accept_private_data, Phase::accept, where);
-    rdma_conn_param p = conn_param(o, data, *c->device, *c->qp, &req);
+    if (options.before_handshake)
+      options.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private, .expose = o->expose});
+    check_options(*o, Phase::accept, where);  // again: it may have exposed a buffer
+    const std::vector<std::byte> data = frame(*o, max_accept_private_data, Phase::accept, where);
+    rdma_conn_param p = conn_param(*o, data, *c->device, *c->qp, &req);
     // In RTS before the reply goes: the client may send (or write) as soon as it has it.
     c->to_rts(p, Phase::accept, where);
     // The client uses the request's MTU (its own) unless told: taking less, say so.
     std::vector<std::byte> tagged;
     if (c->rtr_mtu < c->peer_assumes) {
-      tagged = frame_with_mtu(o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu),
+      tagged = frame_with_mtu(*o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu),
                               static_cast<Mtu>(c->peer_assumes), Phase::accept, where);
       p.private_data = tagged.data();
       p.private_data_len = static_cast<std::uint8_t>(tagged.size());

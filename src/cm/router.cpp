@@ -94,6 +94,14 @@ void Router::remove_locked(const rdma_cm_id* id) noexcept {
   parked_.erase(id);
 }
 
+std::vector<Event> Router::remove_taking(const rdma_cm_id* id, Inbox& inbox) noexcept {
+  const std::lock_guard lock(mutex_);
+  remove_locked(id);
+  std::vector<Event> out;
+  out.swap(inbox.events);
+  return out;
+}
+
 std::vector<Event> Router::take_parked(const rdma_cm_id* id) noexcept {
   const std::lock_guard lock(mutex_);
   std::vector<Event> out;

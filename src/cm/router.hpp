@@ -73,6 +73,9 @@ class Router : public std::enable_shared_from_this<Router> {
   void add(const rdma_cm_id* id, Route r, std::vector<Event> earlier = {});
   /// Stops routing `id`: once it returns, its route is not called any more.
   void remove(const rdma_cm_id* id) noexcept;
+  /// remove(), and what `inbox` kept, taken in the same critical section (nothing can be
+  /// delivered to it in between).
+  std::vector<Event> remove_taking(const rdma_cm_id* id, Inbox& inbox) noexcept;
   /// The events parked for a request's `id` (its route removed): for the Router it moves to.
   std::vector<Event> take_parked(const rdma_cm_id* id) noexcept;
   /// Reads every pending event and hands each to its id's route, or (with `until`) only until

@@ -1207,6 +1207,7 @@ TEST_F(Cm, AClientThatTakesASmallerMtuHasTheServerWriteAtIt) {
 TEST_F(Cm, TheFirstConnectionOnADeviceReleasesItsIdWhileOthersLive) {
   device.reset();  // no Device of the fixture's: the first connection makes the device's reader
   cm::Listener listener(test_addr(), 0);
+  EXPECT_THROW((void)listener.accept(50ms), ConnectError);  // the listener's own wake fd, made once
   const auto pair = [&] {
     auto server = std::async(std::launch::async, [&] { return listener.accept(10s); });
     cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
@@ -1236,7 +1237,10 @@ TEST_F(Cm, AConnectionHoldsOnlyItsEventChannelUntilAThreadSleepsOnIt) {
     cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = shared});
     return std::pair{std::move(client), server.get()};
   };
-  auto warm = pair();  // what the first connection makes once (librdmacm's and the device's state)
+  // What the first connection makes once (librdmacm's and the device's state), and the
+  // listener's own wake fd, made by the first accept() that sleeps.
+  EXPECT_THROW((void)listener.accept(50ms), ConnectError);
+  auto warm = pair();
   const int before = open_fds();
   std::vector<std::pair<cm::Connection, cm::Connection>> pairs;
   for (int i = 0; i < 4; ++i) pairs.push_back(pair());
@@ -2244,7 +2248,10 @@ TEST_F(Cm, WhatIsMadeFromAConnectionDoesNotKeepItsIdChannelOrPort) {
     cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
     return std::pair{std::move(client), server.get()};
   };
-  (void)pair();  // what the first connection makes once (librdmacm's and the device's state)
+  // What the first connection makes once (librdmacm's and the device's state), and the
+  // listener's own wake fd, made by the first accept() that sleeps.
+  EXPECT_THROW((void)listener.accept(50ms), ConnectError);
+  (void)pair();
   const int before = open_fds();
   std::vector<MemoryRegion> pool;
   {
