@@ -236,15 +236,15 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
   std::vector<std::optional<verbs::cm::PendingConnect>> pending(n);
   std::vector<std::optional<verbs::cm::Connection>> done(n);
   verbs::cm::ClientOptions each = opts;
+  verbs::cm::EventChannel* channel = opts.connection.channel ? &opts.connection.channel->channel() : nullptr;
   for (std::size_t i = 0; i < n; ++i) {
-    each.connection.channel_key = i;
+    if (channel != nullptr) each.connection.channel = channel->key(i);
     steps[kResolveAddr].start[i] = steps[kFull].start[i] = Clock::now();
     pending[i].emplace(verbs::cm::start_connect(a.server, a.port, each));
   }
   // One epoll set: each wake touches only the connections that have news (poll() over every fd,
   // or a step() of each, would cost O(N) per event). On one EventChannel, its fd alone, and its
-  // dispatch() names them.
-  verbs::cm::EventChannel* channel = opts.connection.channel;
+  // poll_events() names them.
   constexpr std::size_t kChannel = ~std::size_t{0};
   Epoll ep;
   if (channel != nullptr)
@@ -260,7 +260,7 @@ void establish(const Args& a, const verbs::cm::ClientOptions& opts, Clock::time_
     ready = ep.wait(100ms);
     if (!ready.empty() && ready.front() == kChannel) {
       ready.clear();
-      for (const std::uint64_t key : channel->dispatch()) ready.push_back(static_cast<std::size_t>(key));
+      for (const std::uint64_t key : channel->poll_events()) ready.push_back(static_cast<std::size_t>(key));
     }
     if (now >= next_deadline_check) {  // a phase's own limit: step() it then, readable or not
       for (std::size_t i = 0; i < n; ++i)
@@ -330,7 +330,7 @@ int client(const Args& a) {
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
   verbs::cm::ClientOptions opts{.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(a.timeout),
                                 .connection = shared_options(pd, cq)};
-  if (channel) opts.connection.channel = &*channel;
+  if (channel) opts.connection.channel = channel->key(0);
   establish(a, opts, limit, steps, conns);
   const auto t1 = Clock::now();
   const auto cpu1 = cpu_ms();
@@ -363,7 +363,7 @@ int server(const Args& a) {
   std::optional<verbs::cm::EventChannel> channel;
   if (!a.own_channels) channel.emplace();
   verbs::cm::Listener listener(a.bind, a.port,
-                               {.backlog = std::max(64, a.conns), .channel = channel ? &*channel : nullptr, .channel_key = 0});
+                               {.backlog = std::max(64, a.conns), .channel = channel ? std::optional(channel->key(0)) : std::nullopt});
   const verbs::Device dev = listener.device();
   const verbs::ProtectionDomain pd(dev);
   verbs::CompletionQueue cq(dev, {.depth = 2 * a.conns + 16});
@@ -371,7 +371,7 @@ int server(const Args& a) {
   std::printf("verbs-cmtime: listening on %s port %u for %d connections, twice, %s\n", a.bind.c_str(), a.port,
               a.conns, a.own_channels ? "each on an event channel of its own" : "all on one cm::EventChannel");
   std::fflush(stdout);
-  // Pending handshakes by a key of their own (their channel_key); one epoll set for them and the
+  // Pending handshakes by a key of their own (`channel.key(k)`); one epoll set for them and the
   // listener (key 0), or the EventChannel's fd alone.
   std::vector<std::optional<verbs::cm::PendingAccept>> pending(1);
   std::vector<verbs::cm::Connection> conns;
@@ -391,7 +391,7 @@ int server(const Args& a) {
       std::vector<std::size_t> ready = ep.wait(100ms);
       if (channel && std::find(ready.begin(), ready.end(), kChannel) != ready.end()) {
         std::erase(ready, kChannel);
-        for (const std::uint64_t key : channel->dispatch()) ready.push_back(static_cast<std::size_t>(key));
+        for (const std::uint64_t key : channel->poll_events()) ready.push_back(static_cast<std::size_t>(key));
       }
       if (now >= next_deadline_check) {
         for (std::size_t k = 1; k < pending.size(); ++k)
@@ -401,7 +401,7 @@ int server(const Args& a) {
       for (const std::size_t k : ready) {
         if (k == 0) {
           for (;;) {
-            opts.channel_key = pending.size();
+            if (channel) opts.channel = channel->key(pending.size());
             auto p = listener.start_accept(opts);
             if (!p) break;
             if (!channel) ep.add(p->fd(), pending.size());

@@ -60,7 +60,7 @@ inline void require_own_fd(int fd, const char* what) {
     throw Error(make_error_code(Errc::bad_argument),
                 std::string("verbs::asio::") + what +
                     ": the object is on an EventChannel and has no fd of its own; watch the channel's fd() and "
-                    "call its dispatch(), or give it a channel of its own");
+                    "call its poll_events(), or give it a channel of its own");
 }
 /// watch() of a cm object's fd(), refused on an EventChannel.
 inline net::posix::stream_descriptor watch_own(const net::any_io_executor& ex, int fd, const char* what) {
@@ -329,7 +329,7 @@ struct Stepper {
 template <typename Token>
 auto async_connect(const net::any_io_executor& ex, std::string_view host, std::uint16_t port,
                    const cm::ClientOptions& options, Token&& token) {
-  if (options.connection.channel != nullptr) detail::require_own_fd(-1, "async_connect");
+  if (options.connection.channel) detail::require_own_fd(-1, "async_connect");
   using S = detail::Stepper<cm::PendingConnect>;
   auto state = std::make_shared<typename S::State>(ex, cm::start_connect(host, port, options));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(S{state}, token, ex);
@@ -398,7 +398,7 @@ auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const 
                   Token&& token) {
   // Refused before any request is answered: a connection accepted onto an EventChannel has no
   // fd of its own to step its handshake by.
-  if (options.channel != nullptr) detail::require_own_fd(-1, "async_accept");
+  if (options.channel) detail::require_own_fd(-1, "async_accept");
   auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch_own(ex, listener.fd(), "async_accept"));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(
       detail::AcceptOp{&listener, options, fd}, token, ex);

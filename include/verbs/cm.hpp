@@ -97,24 +97,43 @@ class Router;
 struct ChannelAccess;
 }  // namespace internal
 
+class EventChannel;
+
+/// An EventChannel and the key its poll_events() names one object by: made by
+/// EventChannel::key(), given as the `channel` of ConnectionOptions, ListenOptions or
+/// DatagramOptions. Read only while the object is made (it shares the channel's ownership).
+class ChannelKey {
+ public:
+  /// The channel (which may have been moved from since).
+  [[nodiscard]] EventChannel& channel() const noexcept { return *channel_; }
+  /// What the channel's poll_events() names the object by.
+  [[nodiscard]] std::uint64_t value() const noexcept { return key_; }
+
+ private:
+  friend class EventChannel;
+  ChannelKey(EventChannel& c, std::uint64_t k) noexcept : channel_(&c), key_(k) {}
+  EventChannel* channel_;
+  std::uint64_t key_;
+};
+
 /// One rdma_cm event channel (rdma_create_event_channel(3)) for many connections, as rdma-core's
 /// cmtime and UCX use one per worker. By default each connection has a channel of its own: an
 /// open() of the rdma_cm device (and a descriptor) per connection, which for hundreds of
 /// connections at once costs more than the rest of setting one up. Given as
-/// ConnectionOptions::channel to connect() or accept(), the connection's events come through
+/// ConnectionOptions::channel (`ch.key(k)`) to connect() or accept(), the connection's events come through
 /// this one instead, and it has no fd of its own (fd() is -1): the loop watches this one's. A
 /// Listener on it (ListenOptions::channel) takes
 /// its connection requests from it too, and accepts onto it: a server's loop watches one fd.
 ///
 /// Whoever reads the channel hands each event to the connection (or handshake in progress) it is
-/// for: dispatch() here, and every call of a connection on it that reads events (wait(),
+/// for: poll_events() here, and every call of a connection on it that reads events (wait(),
 /// poll_events(), PendingConnect::step() ...), so threads waiting on different connections of one
 /// channel (wait(), a blocking connect() or accept()) work as with channels of their own. For an
-/// event loop: watch fd(), call dispatch() when it is readable, and step() the handshakes whose
-/// keys it returns (each connection's ConnectionOptions::channel_key; a listener's
-/// ListenOptions::channel_key: start_accept() until empty); for an established connection, call
-/// poll_events(). fd() stays readable while keys wait for dispatch(), also those
-/// that another thread's read of the channel listed: a loop that does not call dispatch() spins.
+/// event loop: watch fd(), call poll_events() when it is readable, and step() the handshakes whose
+/// keys it returns (the key each object was given, `.channel = ch.key(k)`; a listener's: call
+/// start_accept() until empty; a Datagram's or an established connection's: its poll_events()).
+/// fd() stays readable while keys wait for poll_events(), also those that another thread's read
+/// of the channel listed: a loop that does not call poll_events() spins.
 ///
 /// Connections and listeners keep the channel alive: it may be destroyed before them. Move-only.
 /// The asio helpers, which watch one object's fd(), refuse an object on an EventChannel.
@@ -129,18 +148,20 @@ class EventChannel {
   ~EventChannel();
 
   /// An fd for an event loop (an epoll set over the channel's): readable when events wait to be
-  /// read, or keys wait for dispatch(). Made by the first call (the channel alone costs one
+  /// read, or keys wait for poll_events(). Made by the first call (the channel alone costs one
   /// descriptor until then); -1 when it cannot be made (EMFILE) or the channel is empty.
   [[nodiscard]] int fd() const noexcept;
-  /// Reads every pending event without blocking and hands each to its connection; returns the
-  /// channel_key of each connection or handshake that got one since the last dispatch() (here
-  /// or in a connection's own calls), once each, in the order they got it. A key may be of a
-  /// connection that has since been destroyed. The span is valid until the next dispatch(); call
-  /// it from one thread at a time.
-  std::span<const std::uint64_t> dispatch(std::error_code& ec) noexcept;
+  /// What an object's options name this channel by (`.channel = ch.key(k)`): poll_events()
+  /// returns `k` when that object has news.
+  [[nodiscard]] ChannelKey key(std::uint64_t k) noexcept { return ChannelKey(*this, k); }
+  /// Reads every pending event without blocking and hands each to its object; returns the key
+  /// of each object that got one since the last poll_events() (here or in an object's own
+  /// calls), once each, in the order they got it. A key may be of an object that has since been
+  /// destroyed. The span is valid until the next poll_events(); call it from one thread at a time.
+  std::span<const std::uint64_t> poll_events(std::error_code& ec) noexcept;
   /// As above; throws ConnectError.
-  std::span<const std::uint64_t> dispatch(SourceLocation where = SourceLocation::current());
-  /// The rdma_event_channel (its events are for dispatch(), not to be read around it).
+  std::span<const std::uint64_t> poll_events(SourceLocation where = SourceLocation::current());
+  /// The rdma_event_channel (its events are for poll_events(), not to be read around it).
   [[nodiscard]] rdma_event_channel* native_handle() const noexcept;
 
  private:
@@ -205,12 +226,9 @@ struct ConnectionOptions {
   /// An exception from it ends the connect or accept (the server rejects the request) and
   /// propagates; throw Reject to give the client a reason.
   std::function<void(const Handshake&)> before_handshake{};
-  /// The rdma_cm event channel the connection's events come through (see EventChannel): one
-  /// shared by many connections instead of one of its own. Read only during connect() or
-  /// accept(): the connection shares its ownership.
-  EventChannel* channel = nullptr;
-  /// What EventChannel::dispatch() returns for this connection's events (an index, a pointer).
-  std::uint64_t channel_key = 0;
+  /// The rdma_cm event channel the connection's events come through, and its key there
+  /// (`ch.key(k)`, see EventChannel): one shared by many connections instead of one of its own.
+  std::optional<ChannelKey> channel = std::nullopt;
 };
 
 /// How cm::connect() connects (the client's side; ListenOptions is the server's).
@@ -232,16 +250,14 @@ struct ListenOptions {
   /// only, false for IPv4 too (its IPv4-mapped form); empty keeps the system's default
   /// (net.ipv6.bindv6only).
   std::optional<bool> ipv6_only = std::nullopt;
-  /// Listen on an EventChannel instead of an event channel of the listener's own: the
-  /// channel's dispatch() names `channel_key` when requests wait (then start_accept() until
-  /// empty), fd() is the channel's, and the connections accepted are on that channel too
+  /// Listen on an EventChannel (`ch.key(k)`) instead of an event channel of the listener's own:
+  /// the channel's poll_events() names `k` when requests wait (then start_accept() until empty), fd() is the channel's, and the connections accepted are on that channel too
   /// (ConnectionOptions::channel empty or the same; another one: EINVAL), their requests' ids
   /// already there (no rdma_migrate_id(3)). Whoever reads the channel takes the requests off it
   /// for the listener, which keeps up to `backlog` of them and rejects the rest, as a full
   /// backlog does. Read only by the constructor; the listener shares the channel's ownership.
   /// The asio helpers (async_accept) need a listener with a channel of its own.
-  EventChannel* channel = nullptr;
-  std::uint64_t channel_key = 0;  ///< what dispatch() names for this listener
+  std::optional<ChannelKey> channel = std::nullopt;
 };
 
 /// One established RC connection: its cm id, device, PD, CQs and QP. Move-only. Destroying it
@@ -384,7 +400,7 @@ class Connection {
 
   /// The connection's rdma_cm event channel fd (non-blocking), for an event loop: when it is
   /// readable, call poll_events(). -1 on an EventChannel (ConnectionOptions::channel): watch
-  /// that channel's fd, call its dispatch() and then poll_events() of the connections it names.
+  /// that channel's fd, call its poll_events() and then poll_events() of the connections it names.
   [[nodiscard]] int fd() const noexcept;
   /// The rdma_cm id (for librdmacm calls the wrapper does not cover).
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
@@ -445,7 +461,7 @@ class PendingConnect {
   [[nodiscard]] std::optional<Connection> step(std::error_code& ec) noexcept;
   ///@}
   /// The rdma_cm event channel's fd (non-blocking): readable when step() has something to do.
-  /// -1 on an EventChannel: watch the channel's fd (its dispatch() says whose news it has).
+  /// -1 on an EventChannel: watch the channel's fd (its poll_events() says whose news it has).
   [[nodiscard]] int fd() const noexcept;
   /// When the current phase's limit passes: call step() then, if fd() stayed silent.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;

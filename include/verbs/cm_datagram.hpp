@@ -59,6 +59,10 @@ struct DatagramOptions {
   /// RDMA_OPTION_ID_REUSEADDR before binding (rdma_set_option(3)): the port may be bound again
   /// while other ids that asked for it too hold it, as SO_REUSEADDR does for sockets.
   bool reuse_address = false;
+  /// Its events through an EventChannel (`ch.key(k)`) instead of a channel of its own: the
+  /// channel's poll_events() names `k` when it has news (requests, joins, dropped groups), and
+  /// fd() is -1. Its resolves (start_resolve()) keep channels of their own.
+  std::optional<ChannelKey> channel = std::nullopt;
 };
 
 /// How Datagram::resolve() reaches a listening Datagram.
@@ -205,7 +209,7 @@ class Datagram {
   /// The bound "address:port".
   [[nodiscard]] std::string local_address() const;
   /// The rdma_cm event channel's fd (non-blocking): readable when a listening Datagram has a
-  /// request for try_accept().
+  /// request for poll_accept(), or poll_events() has news; -1 on an EventChannel.
   [[nodiscard]] int fd() const noexcept;
   /// The rdma_cm id.
   [[nodiscard]] rdma_cm_id* native_handle() const noexcept;
@@ -235,9 +239,9 @@ class Datagram {
   /// the device was removed.
   DatagramRequest accept(std::chrono::milliseconds timeout, std::span<const std::byte> private_data = {},
                          SourceLocation where = SourceLocation::current());
-  /// accept() without blocking, for an event loop (call it when fd() is readable): empty when
-  /// no request is pending.
-  std::optional<DatagramRequest> try_accept(std::span<const std::byte> private_data = {},
+  /// accept() without waiting, for an event loop (call it when fd() is readable): empty when
+  /// no request is pending. (poll_* never waits, as poll_events() and CompletionQueue::poll.)
+  std::optional<DatagramRequest> poll_accept(std::span<const std::byte> private_data = {},
                                             SourceLocation where = SourceLocation::current());
 
   /// Joins the multicast group `group` (rdma_join_multicast(3); IPv4 224.0.0.0/4 or IPv6

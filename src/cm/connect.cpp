@@ -39,12 +39,12 @@ struct PendingConnect::Impl {
     sockaddr_storage src{};
     if (!o.source_address.empty()) src = numeric_address(o.source_address, 0, Phase::resolve_address, where);
     c = std::make_unique<Connection::Impl>();
-    c->router = o.connection.channel != nullptr ? ChannelAccess::hub(*o.connection.channel)
-                                                : Router::make(false, Phase::resolve_address, where);
-    if (!c->router) fail(EINVAL, Phase::resolve_address, "ConnectionOptions::channel is empty (moved from)", where);
-    o.connection.channel = nullptr;  // read here only: the caller's may go
+    c->router = ChannelAccess::router_of(
+        o.connection.channel, o.connection.channel ? nullptr : Router::make(false, Phase::resolve_address, where),
+        Phase::resolve_address, "ConnectionOptions::channel", where);
     c->id = c->router->make_id(RDMA_PS_TCP, Phase::resolve_address, where);
-    c->join(o.connection.channel_key);
+    c->join(ChannelAccess::key_of(o.connection.channel));
+    o.connection.channel.reset();  // read here only: the caller's may go
     resolve_ms = std::max(1, std::min(ms_until(deadline), clamp_ms(o.resolve_timeout)));
     step_deadline = resolve_deadline();
     sockaddr_storage to = dst;

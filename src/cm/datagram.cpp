@@ -77,7 +77,7 @@ struct Datagram::Impl {
 
   void drop(Group& g) noexcept {
     if (g.attached) (void)ibv_detach_mcast(qp_handle, &g.mgid, g.mlid);
-    (void)rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr));  // NOLINT
+    (void)router->command([&] { return rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr)); });  // NOLINT
   }
   std::vector<std::unique_ptr<Group>>::iterator find(const sockaddr_storage& a) {
     return std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same_address(g->addr, a); });
@@ -255,9 +255,10 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
              "' (its QP lives on one device); nothing was made",
          where);
   Impl& d = *impl_;
-  d.router = Router::make(false, Phase::listen, where);
+  d.router = ChannelAccess::router_of(o.channel, o.channel ? nullptr : Router::make(false, Phase::listen, where),
+                                      Phase::listen, "DatagramOptions::channel", where);
   d.id = d.router->make_id(RDMA_PS_UDP, Phase::listen, where);
-  d.router->add(d.id.get(), {&d, &Impl::deliver});
+  d.router->add(d.id.get(), {&d, &Impl::deliver, ChannelAccess::key_of(o.channel)});
   d.on_router = true;
   set_bind_options(d.id.get(), o.reuse_address, std::nullopt, Phase::listen, where);
   if (rdma_bind_addr(d.id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
@@ -485,7 +486,7 @@ void Datagram::listen(int backlog, SourceLocation where) {
   impl_->listening = true;
 }
 
-std::optional<DatagramRequest> Datagram::try_accept(std::span<const std::byte> private_data, SourceLocation where) {
+std::optional<DatagramRequest> Datagram::poll_accept(std::span<const std::byte> private_data, SourceLocation where) {
   if (private_data.size() > max_answer_private_data)
     fail(EMSGSIZE, Phase::accept,
          "private data of " + std::to_string(private_data.size()) + " bytes exceeds the answer's limit of " +
@@ -507,8 +508,7 @@ std::optional<DatagramRequest> Datagram::try_accept(std::span<const std::byte> p
     p.qp_num = impl_->qp->qp_num();
     p.private_data = private_data.empty() ? nullptr : private_data.data();
     p.private_data_len = static_cast<std::uint8_t>(private_data.size());
-    if (rdma_accept(rid.get(), &p) != 0) {
-      const int err = errno;
+    if (const int err = impl_->router->command([&] { return rdma_accept(rid.get(), &p); })) {
       rdma_reject(rid.get(), nullptr, 0);
       fail(err, Phase::accept, "rdma_accept (SIDR reply to " + r.peer_address + ")", where);
     }
@@ -519,7 +519,7 @@ std::optional<DatagramRequest> Datagram::try_accept(std::span<const std::byte> p
 DatagramRequest Datagram::accept(milliseconds timeout, std::span<const std::byte> private_data, SourceLocation where) {
   const auto deadline = detail::deadline_after(timeout);
   for (;;) {
-    if (auto r = try_accept(private_data, where)) return std::move(*r);
+    if (auto r = poll_accept(private_data, where)) return std::move(*r);
     if (Clock::now() >= deadline)
       fail(ETIMEDOUT, Phase::accept, "no resolve request within " + std::to_string(timeout.count()) + " ms", where);
     impl_->requests.sleep(*impl_->router, deadline, Phase::accept, where);
@@ -548,8 +548,9 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
     d.joining.push_back(j.get());
   }
   j->d = &d;
-  if (rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get()) != 0) {  // NOLINT
-    const int err = errno;
+  if (const int err = d.router->command([&] {
+        return rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get());  // NOLINT
+      })) {
     j->g.reset();  // nothing to leave
     j->end();
     fail(err, Phase::connect, "rdma_join_multicast(" + name + ")", where);
@@ -602,11 +603,11 @@ void Datagram::leave(std::string_view group, SourceLocation where) {
   }
   if (ibv_detach_mcast(d.qp_handle, &g->mgid, g->mlid) != 0) {
     const int err = errno;
-    (void)rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr));  // NOLINT
+    (void)d.router->command([&] { return rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr)); });  // NOLINT
     fail(err, Phase::connect, std::string(group) + ": ibv_detach_mcast", where);
   }
-  if (rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr)) != 0)  // NOLINT
-    fail(errno, Phase::connect, std::string(group) + ": rdma_leave_multicast", where);
+  if (const int err = d.router->command([&] { return rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr)); }))  // NOLINT
+    fail(err, Phase::connect, std::string(group) + ": rdma_leave_multicast", where);
 }
 
 std::vector<std::string> Datagram::groups() const {

@@ -114,7 +114,7 @@ struct Listener::Impl {
 };
 
 void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
-  if (router->may_accept_onto(o.channel != nullptr ? ChannelAccess::hub(*o.channel).get() : nullptr)) return;
+  if (router->may_accept_onto(o.channel ? ChannelAccess::hub(o.channel->channel()).get() : nullptr)) return;
   fail(EINVAL, Phase::accept,
        "ConnectionOptions::channel names another EventChannel than the listener's (ListenOptions::channel): a "
        "listener on an EventChannel accepts onto it; leave it empty or name the same one; nothing was taken",
@@ -135,9 +135,8 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
     pending->budget = handshake_timeout;
     pending->deadline = detail::deadline_after(pending->budget);
     pending->where = where;
-    c->router =
-        router->onto(o->channel != nullptr ? ChannelAccess::hub(*o->channel) : nullptr, Phase::accept, where);
-    if (!c->router) fail(EINVAL, Phase::accept, "ConnectionOptions::channel is empty (moved from)", where);
+    c->router = router->onto(ChannelAccess::router_of(o->channel, nullptr, Phase::accept, "ConnectionOptions::channel", where),
+                             Phase::accept, where);
   } catch (...) {
     (void)router->take_parked(req.id);
     Router::refuse(req.id);
@@ -147,9 +146,9 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
   try {
     // Routed before it moves: what came for the id since its request goes with it.
     if (c->router == router) {
-      c->join(o->channel_key);
+      c->join(ChannelAccess::key_of(o->channel));
     } else {
-      c->join(o->channel_key, router->take_parked(req.id));
+      c->join(ChannelAccess::key_of(o->channel), router->take_parked(req.id));
       if (const int err = c->router->command([&] { return rdma_migrate_id(req.id, c->router->channel()); }))
         fail_id(err, Phase::accept, "rdma_migrate_id", where);
     }
@@ -188,11 +187,11 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
     : impl_(std::make_unique<Impl>()) {
   Impl& l = *impl_;
   const sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
-  l.router = options.channel != nullptr ? ChannelAccess::hub(*options.channel) : Router::make(false, Phase::listen, where);
-  if (!l.router) fail(EINVAL, Phase::listen, "ListenOptions::channel is empty (moved from)", where);
+  l.router = ChannelAccess::router_of(options.channel, options.channel ? nullptr : Router::make(false, Phase::listen, where),
+                                      Phase::listen, "ListenOptions::channel", where);
   l.id = l.router->make_id(RDMA_PS_TCP, Phase::listen, where);
   l.backlog = static_cast<std::size_t>(std::max(1, options.backlog));
-  l.router->add(l.id.get(), {&l, &Impl::deliver, options.channel_key});  // routed before it listens
+  l.router->add(l.id.get(), {&l, &Impl::deliver, ChannelAccess::key_of(options.channel)});  // routed before it listens
   l.on_router = true;
   l.address = address;
   l.handshake_timeout = options.handshake_timeout;

@@ -290,7 +290,17 @@ EventChannel::~EventChannel() = default;
 int EventChannel::fd() const noexcept { return hub_ ? hub_->loop_fd() : -1; }
 rdma_event_channel* EventChannel::native_handle() const noexcept { return hub_ ? hub_->channel() : nullptr; }
 
-std::span<const std::uint64_t> EventChannel::dispatch(std::error_code& ec) noexcept {
+namespace internal {
+std::shared_ptr<Router> ChannelAccess::router_of(const std::optional<ChannelKey>& k, std::shared_ptr<Router> fallback,
+                                                 Phase phase, const char* field, SourceLocation where) {
+  if (!k) return fallback;
+  std::shared_ptr<Router> r = k->channel().hub_;
+  if (!r) fail(EINVAL, phase, std::string(field) + ": its EventChannel is empty (moved from)", where);
+  return r;
+}
+}  // namespace internal
+
+std::span<const std::uint64_t> EventChannel::poll_events(std::error_code& ec) noexcept {
   if (!hub_) {
     ec = make_error_code(Errc::empty_object);
     return {};
@@ -298,13 +308,13 @@ std::span<const std::uint64_t> EventChannel::dispatch(std::error_code& ec) noexc
   return hub_->poll_keys(ec);
 }
 
-std::span<const std::uint64_t> EventChannel::dispatch(SourceLocation where) {
+std::span<const std::uint64_t> EventChannel::poll_events(SourceLocation where) {
   if (!hub_)
-    detail::throw_error(make_error_code(Errc::empty_object), "EventChannel::dispatch: the EventChannel is empty (moved from)",
+    detail::throw_error(make_error_code(Errc::empty_object), "EventChannel::poll_events: the EventChannel is empty (moved from)",
                         where);
   std::error_code ec;
   const auto keys = hub_->poll_keys(ec);
-  if (ec) internal::fail(ec.value(), Phase::established, "EventChannel::dispatch: rdma_get_cm_event", where);
+  if (ec) internal::fail(ec.value(), Phase::established, "EventChannel::poll_events: rdma_get_cm_event", where);
   return keys;
 }
 

@@ -146,6 +146,11 @@ struct Inbox {
 /// The Router of an EventChannel (a friend of it).
 struct ChannelAccess {
   static const std::shared_ptr<Router>& hub(const EventChannel& c) noexcept { return c.hub_; }
+  /// The Router of an options' `channel`: `fallback` when there is none; EINVAL naming `field`
+  /// when its EventChannel is empty (moved from).
+  static std::shared_ptr<Router> router_of(const std::optional<ChannelKey>& k, std::shared_ptr<Router> fallback,
+                                           Phase phase, const char* field, SourceLocation where);
+  static std::uint64_t key_of(const std::optional<ChannelKey>& k) noexcept { return k ? k->value() : 0; }
 };
 
 }  // namespace verbs::cm::internal

@@ -302,7 +302,7 @@ std::optional<std::string> refusal(F&& f) {
 // why, where they used to busy-loop at 100% CPU on the shared fd.
 TEST_F(Asio, TheHelpersRefuseAnObjectOnAnEventChannelSayingWhy) {
   cm::EventChannel channel;
-  cm::Listener shared(test_addr(), 0, {.channel = &channel});
+  cm::Listener shared(test_addr(), 0, {.channel = channel.key(0)});
   const auto accept = refusal([&] {
     verbs::asio::async_accept(io.get_executor(), shared, {}, [](std::error_code, std::optional<cm::Connection>) {});
   });
@@ -311,7 +311,7 @@ TEST_F(Asio, TheHelpersRefuseAnObjectOnAnEventChannelSayingWhy) {
 
   cm::Listener own(test_addr(), 0);
   cm::ClientOptions options{.timeout = 10s};
-  options.connection.channel = &channel;
+  options.connection.channel = channel.key(0);
   const auto connect = refusal([&] {
     verbs::asio::async_connect(io.get_executor(), test_addr(), own.port(), options,
                                [](std::error_code, std::optional<cm::Connection>) {});

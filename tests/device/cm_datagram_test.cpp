@@ -140,7 +140,7 @@ TEST_F(CmDatagram, BadOptionsAreRefusedBeforeAnythingIsMadeOrSent) {
   const auto e = connect_error([&] { (void)client.resolve(test_addr(), server.port(), {.private_data = big}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::message_size);
-  EXPECT_FALSE(server.try_accept()) << "a request was sent";
+  EXPECT_FALSE(server.poll_accept()) << "a request was sent";
 
   const std::vector<std::byte> big_answer(cm::max_answer_private_data + 1, std::byte{1});
   EXPECT_EQ(code_of([&] { (void)server.accept(10ms, big_answer); }), std::errc::message_size);
@@ -286,7 +286,7 @@ TEST_F(CmDatagram, OneThreadResolvesAndAnswersWithoutBlocking) {
     std::vector<pollfd> fds{{server.fd(), POLLIN, 0}};
     if (!peer) fds.push_back({pending.fd(), POLLIN, 0});
     ASSERT_GE(::poll(fds.data(), fds.size(), peer ? 100 : poll_ms(pending.deadline())), 0);
-    if (!request) request = clock([&] { return server.try_accept(bytes_of("hi")); });
+    if (!request) request = clock([&] { return server.poll_accept(bytes_of("hi")); });
     if (!peer) peer = clock([&] { return pending.step(); });
   }
   ASSERT_TRUE(request) << "the server saw no request";
@@ -307,6 +307,49 @@ TEST_F(CmDatagram, OneThreadResolvesAndAnswersWithoutBlocking) {
   EXPECT_TRUE(completed(expect_completion(client.send_cq()), WcOpcode::send, 2));
   EXPECT_TRUE(completed(expect_completion(server.recv_cq()), WcOpcode::recv, 1));
   EXPECT_EQ(text_of(sbuf.bytes().subspan(kGrh), 4), "ping");
+}
+
+// A Datagram on an EventChannel (DatagramOptions::channel): no fd of its own; the channel's
+// poll_events() names its key when a request waits, and poll_accept() answers it. A join on it
+// completes through the same channel (its step() reads it).
+TEST_F(CmDatagram, ADatagramOnAnEventChannelIsNamedByItsKeyAndAnswersAndJoinsThere) {
+  cm::EventChannel channel;
+  Datagram server(test_addr(), 0, {.channel = channel.key(42)});
+  EXPECT_EQ(server.fd(), -1) << "an object on an EventChannel has no fd of its own";
+  server.listen();
+  Datagram client(test_addr(), 0);
+  auto answered = std::async(std::launch::async, [&] {
+    std::optional<cm::DatagramRequest> request;
+    bool named = false;
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    while (!request && std::chrono::steady_clock::now() < give_up) {
+      pollfd p{channel.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) < 0) break;
+      for (const std::uint64_t key : channel.poll_events()) named = named || key == 42;
+      if (named) request = server.poll_accept(bytes_of("keyed"));
+    }
+    EXPECT_TRUE(named) << "poll_events() never named the Datagram's key";
+    return request;
+  });
+  const cm::DatagramPeer peer = client.resolve(test_addr(), server.port(), {.timeout = 20s});
+  const auto request = answered.get();
+  ASSERT_TRUE(request) << "the Datagram on the EventChannel answered no request";
+  EXPECT_EQ(peer.qp_num, server.qp().qp_num());
+  EXPECT_EQ(text_of(peer.private_data, 5), "keyed");
+
+  Datagram member(test_addr(), 0, {.channel = channel.key(43)});
+  const std::string g = group_for(40);
+  const cm::DatagramPeer to_group = member.join(g, 10s);
+  EXPECT_EQ(to_group.qp_num, cm::multicast_qp_num);
+  EXPECT_EQ(member.groups(), std::vector<std::string>{g});
+  member.leave(g);
+  EXPECT_TRUE(member.groups().empty());
+  // A moved-from channel is refused, naming the option.
+  cm::EventChannel moved = std::move(channel);
+  const auto e = connect_error([&] { (void)Datagram(test_addr(), 0, {.channel = channel.key(1)}); });  // NOLINT(bugprone-use-after-move)
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::invalid_argument);
+  EXPECT_NE(std::string(e->what()).find("DatagramOptions::channel"), std::string::npos) << e->what();
 }
 
 TEST_F(CmDatagram, APendingResolveWithNoListenerFailsInItsStepAndStaysFailed) {

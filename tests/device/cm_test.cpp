@@ -1273,7 +1273,7 @@ TEST_F(Cm, AConnectionHoldsOnlyItsEventChannelUntilAThreadSleepsOnIt) {
 // (timed: none may take as long as a phase's limit, which is what a blocking call would wait).
 using CmEventLoop = Cm;
 
-/// A thread that reads `channel` all along (poll, then dispatch()) until stopped or destroyed:
+/// A thread that reads `channel` all along (poll, then poll_events()) until stopped or destroyed:
 /// another reader than the thread a test waits in. Joined however the test ends (an ASSERT
 /// returns early).
 class ChannelReader {
@@ -1284,7 +1284,7 @@ class ChannelReader {
             pollfd p{channel.fd(), POLLIN, 0};
             (void)::poll(&p, 1, static_cast<int>(poll_every.count()));
             std::error_code ec;
-            (void)channel.dispatch(ec);
+            (void)channel.poll_events(ec);
           }
         }) {}
   ChannelReader(const ChannelReader&) = delete;
@@ -1359,7 +1359,7 @@ TEST_F(CmEventLoop, OneThreadConnectsAndAcceptsManyAtOnceWithoutBlocking) {
 }
 
 // Many connections on one EventChannel, driven from one loop over two descriptors (the listener's
-// and the channel's): dispatch() names whose handshake has news, as the keys given. The
+// and the channel's): poll_events() names whose handshake has news, as the keys given. The
 // connections hold no descriptor of their own, each gets its own events (a disconnect ends that
 // connection only), and their data paths are as any connection's.
 TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
@@ -1378,7 +1378,7 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
   for (std::size_t i = 0; i < kPairs; ++i)
     connecting[i].emplace(cm::start_connect(
         test_addr(), listener.port(),
-        {.timeout = 30s, .connection = {.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = &channel, .channel_key = i}}));
+        {.timeout = 30s, .connection = {.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = channel.key(i)}}));
   for (const auto& p : connecting) EXPECT_EQ(p->fd(), -1);  // no fd of its own: the channel's is everyone's
   std::vector<std::optional<cm::PendingAccept>> accepting;
   std::vector<std::optional<cm::Connection>> clients(kPairs), servers;
@@ -1388,13 +1388,13 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
   while (established < 2 * kPairs && std::chrono::steady_clock::now() < deadline) {
     std::array<pollfd, 2> fds{{{listener.fd(), POLLIN, 0}, {channel.fd(), POLLIN, 0}}};
     ASSERT_GE(::poll(fds.data(), fds.size(), 100), 0);
-    while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = &channel,
-                                           .channel_key = kPairs + accepting.size()})) {
+    while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, 
+                                           .channel = channel.key(kPairs + accepting.size())})) {
       EXPECT_EQ(a->fd(), -1);
       accepting.emplace_back(std::move(*a));
       servers.emplace_back();
     }
-    for (const std::uint64_t key : channel.dispatch()) {
+    for (const std::uint64_t key : channel.poll_events()) {
       named.insert(key);
       ASSERT_LT(key, kPairs + accepting.size()) << "a key no connection was given";
       if (key < kPairs) {
@@ -1417,7 +1417,7 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
       if (p && p->deadline() <= std::chrono::steady_clock::now()) (void)p->step();
   }
   ASSERT_EQ(established, 2 * kPairs) << "not all connected within 60 s";
-  EXPECT_EQ(named.size(), 2 * kPairs) << "dispatch() named every connection";
+  EXPECT_EQ(named.size(), 2 * kPairs) << "poll_events() named every connection";
   EXPECT_EQ(open_fds(), before + channel_fds) << "connections on an EventChannel hold no descriptor of their own";
 
   // Each pair works: server j receives what its client sends (matched by the peer's port).
@@ -1453,7 +1453,7 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
   while (left->connected() && std::chrono::steady_clock::now() < until) {
     pollfd p{channel.fd(), POLLIN, 0};
     (void)::poll(&p, 1, 100);
-    (void)channel.dispatch();
+    (void)channel.poll_events();
   }
   EXPECT_FALSE(left->connected()) << "the server connection of the client that left did not hear";
   EXPECT_FALSE(left->poll_events());
@@ -1468,11 +1468,11 @@ TEST_F(CmEventLoop, ManyConnectionsOnOneEventChannelFromOneLoop) {
 }
 
 // A thread asleep in wait() on a connection of an EventChannel wakes when the peer leaves,
-// whichever thread reads the event: here another one calls dispatch() all along.
+// whichever thread reads the event: here another one calls poll_events() all along.
 TEST_F(CmEventLoop, AWaiterOnAnEventChannelConnectionHearsThePeerLeaveWhoeverReadsTheChannel) {
   cm::Listener listener(test_addr(), 0);
   cm::EventChannel channel;
-  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel, .channel_key = 7}); });
+  auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = channel.key(7)}); });
   cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
   cm::Connection conn = server.get();
   ChannelReader reader(channel, 10ms);
@@ -1501,11 +1501,11 @@ TEST_F(CmEventLoop, ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffThe
   std::vector<cm::Connection> kept;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel}); });
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = channel.key(0)}); });
     std::optional<cm::Connection> client;
     const auto e = thrown_by<cm::ConnectError>([&] {
       client.emplace(cm::connect(test_addr(), listener.port(),
-                                 {.timeout = 10s, .resolve_timeout = 3s, .connection = {.channel = &channel}}));
+                                 {.timeout = 10s, .resolve_timeout = 3s, .connection = {.channel = channel.key(0)}}));
     });
     std::optional<cm::Connection> conn;
     const auto se = thrown_by<cm::ConnectError>([&] { conn.emplace(server.get()); });
@@ -1521,19 +1521,19 @@ TEST_F(CmEventLoop, ABlockingConnectAndAcceptHearOfEventsAnotherThreadReadOffThe
 }
 
 // A call of one connection that reads the channel (poll_events()) takes another's event off it:
-// the EventChannel's fd stays readable until dispatch() has named that other connection.
+// the EventChannel's fd stays readable until poll_events() has named that other connection.
 TEST_F(CmEventLoop, AnEventChannelsFdStaysReadableUntilDispatchNamesWhatAnotherCallRead) {
   cm::Listener listener(test_addr(), 0);
   cm::EventChannel channel;
   const auto pair = [&](std::uint64_t key) {
     auto server = std::async(std::launch::async,
-                             [&] { return listener.accept(10s, {.channel = &channel, .channel_key = key}); });
+                             [&] { return listener.accept(10s, {.channel = channel.key(key)}); });
     cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
     return std::pair{std::move(client), server.get()};
   };
   auto [client_a, server_a] = pair(1);
   auto [client_b, server_b] = pair(2);
-  (void)channel.dispatch();  // the handshakes' own
+  (void)channel.poll_events();  // the handshakes' own
   client_b.disconnect();
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (server_b.connected() && std::chrono::steady_clock::now() < until) {
@@ -1543,9 +1543,9 @@ TEST_F(CmEventLoop, AnEventChannelsFdStaysReadableUntilDispatchNamesWhatAnotherC
   ASSERT_FALSE(server_b.connected()) << "b's disconnect was not handed to b";
   pollfd p{channel.fd(), POLLIN, 0};
   EXPECT_EQ(::poll(&p, 1, 0), 1) << "an event loop watching the channel would not hear that b has news";
-  const auto keys = channel.dispatch();
-  EXPECT_NE(std::find(keys.begin(), keys.end(), 2U), keys.end()) << "dispatch() did not name b";
-  EXPECT_EQ(::poll(&p, 1, 0), 0) << "still readable once dispatch() took what there was";
+  const auto keys = channel.poll_events();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), 2U), keys.end()) << "poll_events() did not name b";
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "still readable once poll_events() took what there was";
   EXPECT_TRUE(server_a.connected());
 }
 
@@ -1556,8 +1556,8 @@ TEST_F(CmEventLoop, AConnectionOutlivesItsEventChannelObject) {
   std::optional<cm::Connection> client, conn;
   {
     cm::EventChannel channel;
-    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = &channel}); });
-    client.emplace(cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = {.channel = &channel}}));
+    auto server = std::async(std::launch::async, [&] { return listener.accept(10s, {.channel = channel.key(0)}); });
+    client.emplace(cm::connect(test_addr(), listener.port(), {.timeout = 10s, .connection = {.channel = channel.key(0)}}));
     conn.emplace(server.get());
   }
   EXPECT_TRUE(client->connected());
@@ -1572,17 +1572,17 @@ TEST_F(CmEventLoop, AMovedFromEventChannelIsRefusedSayingSo) {
   cm::EventChannel taken(std::move(channel));
   EXPECT_EQ(channel.fd(), -1);  // NOLINT(bugprone-use-after-move)
   std::error_code ec;
-  (void)channel.dispatch(ec);
+  (void)channel.poll_events(ec);
   EXPECT_EQ(ec, make_error_code(Errc::empty_object));
-  const auto e = connect_error([&] { (void)cm::start_connect(test_addr(), 9, {.connection = {.channel = &channel}}); });
+  const auto e = connect_error([&] { (void)cm::start_connect(test_addr(), 9, {.connection = {.channel = channel.key(0)}}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::invalid_argument);
-  EXPECT_NE(std::string(e->what()).find("ConnectionOptions::channel is empty"), std::string::npos) << e->what();
+  EXPECT_NE(std::string(e->what()).find("ConnectionOptions::channel: its EventChannel is empty"), std::string::npos) << e->what();
   EXPECT_GE(taken.fd(), 0);
 }
 
 // A listener on the EventChannel too (ListenOptions::channel): the server's whole event loop
-// watches one fd; dispatch() names the listener's key when requests wait, and what it accepts
+// watches one fd; poll_events() names the listener's key when requests wait, and what it accepts
 // lands on the same channel, holding no descriptor of its own.
 TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
   constexpr std::size_t kClients = 6;
@@ -1590,7 +1590,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
   ProtectionDomain pd(*device);
   CompletionQueue cq(*device, {.depth = 64});
   cm::EventChannel channel;
-  cm::Listener listener(test_addr(), 0, {.channel = &channel, .channel_key = kListener});
+  cm::Listener listener(test_addr(), 0, {.channel = channel.key(kListener)});
   EXPECT_EQ(listener.fd(), -1);  // no fd of its own: the channel's is everyone's
   std::vector<std::future<cm::Connection>> clients;
   for (std::size_t i = 0; i < kClients; ++i)
@@ -1602,12 +1602,12 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
   while (servers.size() < kClients && std::chrono::steady_clock::now() < deadline) {
     pollfd p{channel.fd(), POLLIN, 0};
     ASSERT_GE(::poll(&p, 1, 100), 0);
-    const auto named = channel.dispatch();
+    const auto named = channel.poll_events();
     const std::vector<std::uint64_t> keys(named.begin(), named.end());
     for (const std::uint64_t key : keys) {
       if (key == kListener) {
         listener_named = true;
-        while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel_key = accepting.size()})) {
+        while (auto a = listener.start_accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .channel = channel.key(accepting.size())})) {
           EXPECT_EQ(a->fd(), -1);
           accepting.emplace_back(std::move(*a));
         }
@@ -1622,7 +1622,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
     }
   }
   ASSERT_EQ(servers.size(), kClients) << "not all accepted within 30 s";
-  EXPECT_TRUE(listener_named) << "dispatch() never named the listener";
+  EXPECT_TRUE(listener_named) << "poll_events() never named the listener";
   std::vector<cm::Connection> connected;
   for (auto& f : clients) connected.push_back(f.get());
   for (cm::Connection& client : connected) {
@@ -1647,7 +1647,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelAcceptsOntoItFromOneLoop) {
 // reader hands it the requests (and the handshakes' events), which must wake it at once.
 TEST_F(CmEventLoop, ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListenersChannel) {
   cm::EventChannel channel;
-  cm::Listener listener(test_addr(), 0, {.channel = &channel, .channel_key = 1});
+  cm::Listener listener(test_addr(), 0, {.channel = channel.key(1)});
   ChannelReader reader(channel, 1ms);
   std::chrono::steady_clock::duration longest{};
   std::vector<cm::Connection> kept;
@@ -1669,16 +1669,16 @@ TEST_F(CmEventLoop, ABlockingAcceptHearsOfRequestsAnotherThreadReadOffItsListene
 // taken: the request waits for an accept that can take it.
 TEST_F(CmEventLoop, AListenerOnAnEventChannelRefusesToAcceptOntoAnotherSayingSo) {
   cm::EventChannel channel, other;
-  cm::Listener listener(test_addr(), 0, {.channel = &channel});
+  cm::Listener listener(test_addr(), 0, {.channel = channel.key(0)});
   auto client = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 10s}); });
-  const auto e = connect_error([&] { (void)listener.accept(5s, {.channel = &other}); });
+  const auto e = connect_error([&] { (void)listener.accept(5s, {.channel = other.key(0)}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::invalid_argument);
   EXPECT_NE(std::string(e->what()).find("another EventChannel than the listener's"), std::string::npos) << e->what();
-  const auto e2 = connect_error([&] { (void)listener.start_accept({.channel = &other}); });
+  const auto e2 = connect_error([&] { (void)listener.start_accept({.channel = other.key(0)}); });
   ASSERT_TRUE(e2);
   EXPECT_EQ(e2->code(), std::errc::invalid_argument);
-  cm::Connection conn = listener.accept(10s, {.channel = &channel});
+  cm::Connection conn = listener.accept(10s, {.channel = channel.key(0)});
   cm::Connection c = client.get();
   EXPECT_TRUE(conn.connected());
   EXPECT_TRUE(c.connected());
@@ -1690,7 +1690,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelRefusesToAcceptOntoAnotherSayingSo)
 TEST_F(CmEventLoop, RequestsAListenerWasHandedAreRefusedWhenItGoes) {
   cm::EventChannel channel;
   std::optional<cm::Listener> listener;
-  listener.emplace(test_addr(), 0, cm::ListenOptions{.channel = &channel, .channel_key = 5});
+  listener.emplace(test_addr(), 0, cm::ListenOptions{.channel = channel.key(5)});
   const std::uint16_t port = listener->port();
   auto client = std::async(std::launch::async, [&] {
     const auto t0 = std::chrono::steady_clock::now();
@@ -1701,7 +1701,7 @@ TEST_F(CmEventLoop, RequestsAListenerWasHandedAreRefusedWhenItGoes) {
   for (const auto until = std::chrono::steady_clock::now() + 10s; !named && std::chrono::steady_clock::now() < until;) {
     pollfd p{channel.fd(), POLLIN, 0};
     (void)::poll(&p, 1, 100);
-    for (const std::uint64_t key : channel.dispatch()) named = named || key == 5;
+    for (const std::uint64_t key : channel.poll_events()) named = named || key == 5;
   }
   ASSERT_TRUE(named) << "the request never came";
   listener.reset();
@@ -1715,7 +1715,7 @@ TEST_F(CmEventLoop, RequestsAListenerWasHandedAreRefusedWhenItGoes) {
 // backlog: the rest are refused (the clients hear ECONNREFUSED at once), as a full backlog is.
 TEST_F(CmEventLoop, AListenerOnAnEventChannelKeepsItsBacklogAndRefusesTheRest) {
   cm::EventChannel channel;
-  cm::Listener listener(test_addr(), 0, {.backlog = 2, .channel = &channel, .channel_key = 9});
+  cm::Listener listener(test_addr(), 0, {.backlog = 2, .channel = channel.key(9)});
   std::vector<std::future<std::optional<cm::ConnectError>>> clients;
   for (int i = 0; i < 4; ++i)
     clients.push_back(std::async(std::launch::async, [&] {
@@ -1729,7 +1729,7 @@ TEST_F(CmEventLoop, AListenerOnAnEventChannelKeepsItsBacklogAndRefusesTheRest) {
   for (const auto until = std::chrono::steady_clock::now() + 15s; done() < 2 && std::chrono::steady_clock::now() < until;) {
     pollfd p{channel.fd(), POLLIN, 0};
     (void)::poll(&p, 1, 10);
-    (void)channel.dispatch();
+    (void)channel.poll_events();
   }
   ASSERT_EQ(done(), 2) << "the listener kept more requests than its backlog (or refused too many)";
   for (auto& f : clients)
