@@ -242,9 +242,9 @@ struct ClientOptions {
 /// How a Listener listens.
 struct ListenOptions {
   int backlog = 64;  ///< connection requests the kernel queues before accept() takes them
-  /// Once accept() has taken a request: how long it may take to answer it and see the client
-  /// confirm (ESTABLISHED), ConnectionOptions::before_handshake included. Separate from
-  /// accept()'s own timeout, which is for a request to arrive.
+  /// Once a request is answered: how long its client may take to confirm (ESTABLISHED),
+  /// ConnectionOptions::before_handshake included; past it, a PendingAccept fails and a
+  /// connection accept() returned takes the client for gone (ECONNABORTED).
   std::chrono::milliseconds handshake_timeout = 10s;
   /// RDMA_OPTION_ID_AFONLY before binding: for an IPv6 address ("::"), true listens for IPv6
   /// only, false for IPv4 too (its IPv4-mapped form); empty keeps the system's default
@@ -549,17 +549,21 @@ class Listener {
   /// Stops listening; connections accepted from it live on.
   ~Listener();
 
-  /// Waits up to `timeout` for a connection request and accepts it with `options` (one request
-  /// per call: what the options hold is this connection's). `timeout` is for the request only:
-  /// once one is taken, its handshake has ListenOptions::handshake_timeout, so accept(0ms) when
-  /// fd() is readable (an event loop) completes the connection it answered. A request whose
-  /// client has gone, and a handshake that fails (the client left, or did not confirm within
-  /// handshake_timeout), is dropped, and the call goes on to the next request. Other events on
-  /// the listener are skipped, but DEVICE_REMOVAL fails with ENODEV. Throws ConnectError (phase
-  /// accept): ETIMEDOUT when no request came, EMSGSIZE for private data over the limit (checked
-  /// before waiting; nothing is sent); what before_handshake throws propagates (the request is
-  /// rejected). A client that stalls its handshake holds the call up to handshake_timeout: a
-  /// server open to untrusted clients answers each request on its own with start_accept().
+  /// Waits up to `timeout` for a connection request, answers it with `options` (one request
+  /// per call: what the options hold is this connection's) and returns the connection at once,
+  /// its QP in RTS: it never waits for the client to confirm, so a client that stalls its
+  /// handshake holds up no accept(), and accept() never blocks past `timeout` (accept(0ms) when
+  /// fd() is readable suits an event loop). The connection sees the client's confirmation
+  /// (ESTABLISHED) as an event; if none comes within ListenOptions::handshake_timeout, or the
+  /// client's handshake fails, the client is taken to have gone: waits fail with ECONNABORTED
+  /// (noticed by wait(), spin(), wait_disconnected(), or a poll_events() called after that
+  /// limit). What this side sends before the client has its reply may wait for a transport
+  /// retry (the client's QP is not ready yet). A request whose client has gone, or whose
+  /// handshake failed already, is dropped, and the call goes on to the next request. Other
+  /// events on the listener are skipped, but DEVICE_REMOVAL fails with ENODEV. Throws
+  /// ConnectError (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data
+  /// over the limit (checked before waiting; nothing is sent); what before_handshake throws
+  /// propagates (the request is rejected). start_accept() waits for the confirmation instead.
   /// A client that connected and disconnected
   /// before this side saw the connection established gives a Connection already closed by
   /// the peer (connected() false; wait() fails with ECONNRESET once the CQ is empty).

@@ -47,10 +47,23 @@ void Connection::Impl::on_established() {
 }
 
 void Connection::Impl::note(const Event& e) noexcept {
+  if (e.type == RDMA_CM_EVENT_ESTABLISHED) confirmed = true;
+  // Before ESTABLISHED (a connection accept() handed out at once): the client gave up.
+  if (!confirmed && (e.type == RDMA_CM_EVENT_REJECTED || e.type == RDMA_CM_EVENT_CONNECT_ERROR ||
+                     e.type == RDMA_CM_EVENT_UNREACHABLE)) {
+    never_confirmed = true;
+    peer_gone = true;
+  }
   if (e.type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
   if (e.type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
   if (e.type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
   if (over()) wake_all();
+}
+
+void Connection::Impl::expire() noexcept {
+  if (confirmed || Clock::now() < confirm_by || never_confirmed.exchange(true)) return;
+  peer_gone = true;
+  wake_all();
 }
 
 bool Connection::Impl::deliver(void* self, Event&& e) noexcept {
@@ -91,6 +104,7 @@ void Connection::Impl::wake_all() noexcept {
 
 int Connection::Impl::over_errno() const noexcept {
   if (const int t = fatal_event.load(); t >= 0) return t == IBV_EVENT_DEVICE_FATAL ? ENODEV : EIO;
+  if (never_confirmed) return ECONNABORTED;
   return peer_gone ? ECONNRESET : device_removed ? ENODEV : ENOTCONN;
 }
 
@@ -101,6 +115,9 @@ std::string Connection::Impl::over_text() const {
     return std::string(t == IBV_EVENT_DEVICE_FATAL ? "the RDMA device" : "the connection's QP") +
            " got the async event " + std::string(e.type_name()) + " (" + std::string(e.name()) + ")";
   }
+  if (never_confirmed)
+    return "the client did not confirm the connection (no ESTABLISHED within ListenOptions::handshake_timeout, or "
+           "its handshake failed)";
   return peer_gone        ? "the peer disconnected"
          : device_removed ? "the RDMA device was removed (DEVICE_REMOVAL)"
                           : "the connection was closed on this side";
@@ -115,7 +132,7 @@ void Connection::Impl::settle() noexcept {
 }
 
 void Connection::Impl::pump(std::error_code& ec) noexcept {
-  router->pump(ec);
+  pump_cm(ec);
   if (!ec) hub->pump(ec);
 }
 
@@ -161,12 +178,13 @@ bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) no
     return false;
   }
   for (;;) {
-    if (c.router->pump(ec), ec) return false;
+    if (c.pump_cm(ec), ec) return false;
     if (c.peer_gone || c.device_removed) {
       c.settle();
       return true;
     }
-    const int left = ms_until(deadline);
+    if (Clock::now() >= deadline) return false;
+    const int left = std::max(1, ms_until(c.wake_by(deadline)));
     if (left <= 0) return false;
     std::array<pollfd, 2> fds{{{c.router->channel()->fd, POLLIN, 0}, {gone_fd, POLLIN, 0}}};
     if (::poll(fds.data(), fds.size(), left) < 0 && errno != EINTR) {
@@ -238,7 +256,7 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
       ec.assign(errno, std::generic_category());
       return {};
     }
-    if (c.router->pump(ec), ec) return {};
+    if (c.pump_cm(ec), ec) return {};
     if (c.over()) return finish();
     if (Clock::now() >= deadline) return {};
     if (auto got = cq.arm_and_poll(out, ec); !got.empty() || ec) return got;
@@ -248,7 +266,7 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
                                {c.router->channel()->fd, POLLIN, 0},
                                {over_fd, POLLIN, 0},
                                {c.hub->native_fd(), POLLIN, 0}}};
-    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(c.wake_by(deadline)))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return {};
     }

@@ -3,6 +3,7 @@
 // side (connect.cpp) and the passive side (listen.cpp). Not installed.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -82,6 +83,12 @@ struct Connection::Impl {
   // threads at once, e.g. one per CQ): atomics.
   std::atomic<bool> disconnected{false};  // rdma_disconnect called (or being called)
   std::atomic<bool> peer_gone{false};
+  // A connection accept() hands out as soon as it has answered: its client's ESTABLISHED
+  // confirms it (note()); none by `confirm_by` (handshake_timeout), or the client's failure,
+  // and the client is taken to have gone (never_confirmed, with peer_gone).
+  std::atomic<bool> confirmed{true};
+  std::atomic<bool> never_confirmed{false};
+  internal::Clock::time_point confirm_by{};
   std::atomic<bool> device_removed{false};   // DEVICE_REMOVAL: over, but not the peer's doing
   std::atomic<bool> address_changed{false};  // ADDR_CHANGE seen
   // Eventfds made readable (and left so) once the connection is over (over_fd), and once the
@@ -153,6 +160,17 @@ struct Connection::Impl {
   void settle() noexcept;
   /// Reads the channel and the device's async events without blocking.
   void pump(std::error_code& ec) noexcept;
+  /// Reads the router (not the async fd), then expire().
+  void pump_cm(std::error_code& ec) noexcept {
+    router->pump(ec);
+    expire();
+  }
+  /// An unconfirmed connection past confirm_by: its client is taken to have gone.
+  void expire() noexcept;
+  /// When a wait must look again: `deadline`, or confirm_by if sooner and still unconfirmed.
+  [[nodiscard]] internal::Clock::time_point wake_by(internal::Clock::time_point deadline) const noexcept {
+    return confirmed ? deadline : std::min(deadline, confirm_by);
+  }
 };
 
 }  // namespace verbs::cm

@@ -3,8 +3,11 @@
 #include "cm/connection_impl.hpp"
 
 #include <arpa/inet.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 
 namespace verbs::cm {
 
@@ -43,6 +46,15 @@ struct PendingAccept::Impl {
       c.reset();
       throw;
     }
+  }
+
+  /// The connection before its client confirmed (accept()'s): ESTABLISHED, or the client's
+  /// failure, comes to it as an event, and it takes the client for gone at `deadline`.
+  Connection unconfirmed() {
+    c->confirmed = false;
+    c->confirm_by = deadline;
+    c->on_established();  // what came meanwhile is noted
+    return Connection(std::move(c));
   }
 };
 
@@ -111,7 +123,33 @@ struct Listener::Impl {
   PendingAccept answer(Event& req, const ConnectionOptions& options, SourceLocation where);
   /// A listener on an EventChannel accepts onto that channel only (its requests' ids are on it).
   void check_channel(const ConnectionOptions& o, SourceLocation where) const;
+  /// Whether a request (or another event) waits for the listener.
+  [[nodiscard]] bool has_request();
+  /// Sleeps until the listener or the handshake `c` has news, or `until`.
+  void sleep_with(Connection::Impl& c, Clock::time_point until, SourceLocation where);
 };
+
+bool Listener::Impl::has_request() {
+  {
+    const std::lock_guard lock(router->mutex());
+    if (!inbox.events.empty()) return true;
+  }
+  pollfd p{router->channel()->fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+void Listener::Impl::sleep_with(Connection::Impl& c, Clock::time_point until, SourceLocation where) {
+  if (!inbox.arm(*router, Phase::accept, where) || !c.inbox.arm(*c.router, Phase::accept, where)) return;
+  std::array<pollfd, 4> fds{{{router->channel()->fd, POLLIN, 0},
+                             {inbox.fd, POLLIN, 0},
+                             {c.router->channel()->fd, POLLIN, 0},
+                             {c.inbox.fd, POLLIN, 0}}};
+  if (::poll(fds.data(), fds.size(), std::max(1, ms_until(until))) < 0 && errno != EINTR)
+    fail(errno, Phase::accept, "poll", where);
+  std::uint64_t n = 0;
+  (void)!::read(inbox.fd, &n, sizeof n);  // what they say is in the inboxes, which next() reads
+  (void)!::read(c.inbox.fd, &n, sizeof n);
+}
 
 void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
   if (router->may_accept_onto(o.channel ? ChannelAccess::hub(o.channel->channel()).get() : nullptr)) return;
@@ -237,9 +275,12 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
 }
 
 // One request per call, answered with this call's options (what they hold, e.g. buffers the
-// caller made for this connection, is this connection's), and its handshake completed. A request
-// whose client has gone, or whose handshake fails (the client left, or did not confirm within
-// handshake_timeout), is dropped, and the call goes on to the next request.
+// caller made for this connection, is this connection's). The call waits for the client to
+// confirm while nobody else waits and its timeout allows; otherwise it hands the connection out
+// unconfirmed, and the connection sees the confirmation (or takes the client for gone at
+// handshake_timeout). So a client that stalls its handshake holds up no other request, and
+// the call never blocks past its timeout. A request whose client has gone, or whose handshake
+// failed, is dropped, and the call goes on to the next request.
 Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
   Impl& l = *impl_;
   const auto deadline = detail::deadline_after(timeout);
@@ -250,21 +291,17 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     std::optional<PendingAccept> pending;
     try {
       pending = start_accept(o, where);
+      while (pending) {
+        if (std::optional<Connection> c = pending->step()) return std::move(*c);
+        if (Clock::now() >= deadline || l.has_request()) return pending->impl_->unconfirmed();
+        l.sleep_with(*pending->impl_->c, std::min(deadline, pending->deadline()), where);
+      }
     } catch (const IdGone&) {
       continue;  // its client gave up: the next request
+    } catch (const ConnectError& e) {
+      if (!pending || e.phase() != Phase::accept) throw;
+      continue;  // its client left, or never confirmed: the next request
     }
-    while (pending) {
-      std::optional<Connection> c;
-      try {
-        c = pending->step();
-      } catch (const ConnectError& e) {
-        if (e.phase() != Phase::accept || Clock::now() >= deadline) throw;
-        break;  // the client left, or never confirmed: the next request
-      }
-      if (c) return std::move(*c);
-      pending->impl_->c->wait_handshake(pending->deadline(), Phase::accept, where);
-    }
-    if (pending) continue;
     if (Clock::now() >= deadline)
       fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
     l.inbox.sleep(*l.router, deadline, Phase::accept, where);

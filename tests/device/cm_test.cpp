@@ -2202,23 +2202,77 @@ cm::PendingConnect stalled_client(std::uint16_t port) {
   return p;
 }
 
-// A client that stops in the middle of its handshake holds a blocking accept() up to
-// ListenOptions::handshake_timeout, no longer: its handshake is dropped and the call goes on to
-// the next request and returns that client's connection (it used to throw ETIMEDOUT, the next
-// client left waiting).
-TEST_F(Cm, AClientThatStopsMidHandshakeHoldsAcceptOnlyUntilItsHandshakeTimeout) {
-  cm::Listener listener(test_addr(), 0, {.handshake_timeout = 2s});
+/// Steps `p` until it connects (or 15 s pass).
+std::optional<cm::Connection> finish_connect(cm::PendingConnect& p) {
+  const auto until = std::chrono::steady_clock::now() + 15s;
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd f{p.fd(), POLLIN, 0};
+    (void)::poll(&f, 1, 100);
+    if (auto c = p.step()) return c;
+  }
+  return std::nullopt;
+}
+
+// A client that stops in the middle of its handshake holds up no accept(): accept() returns a
+// connection once it has answered, and that connection, not the listener, waits for the client
+// to confirm; with none within handshake_timeout, its waits fail with ECONNABORTED. The next
+// client's accept() comes at once. (A blocking accept() used to wait for the stalled client up
+// to handshake_timeout, the next client left waiting, and accept(0ms) blocked as long.)
+TEST_F(Cm, AClientThatStopsMidHandshakeHoldsUpNoAccept) {
+  cm::Listener listener(test_addr(), 0, {.handshake_timeout = 4s});
   cm::PendingConnect stalled = stalled_client(listener.port());
   std::this_thread::sleep_for(200ms);  // its request reaches the listener first
+  auto t0 = std::chrono::steady_clock::now();
+  std::optional<cm::Connection> first;
+  EXPECT_NO_THROW(first = listener.accept(0ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "accept(0ms) waited for the stalled client";
+  ASSERT_TRUE(first.has_value());
   auto second = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 20s}); });
-  const auto t0 = std::chrono::steady_clock::now();
+  t0 = std::chrono::steady_clock::now();
   std::optional<cm::Connection> got;
   EXPECT_NO_THROW(got = listener.accept(15s));
-  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "accept() waited for the stalled client";
   cm::Connection client = second.get();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->peer_address(), client.local_address()) << "accept() returned another client's connection";
-  EXPECT_LT(took, 6s) << "accept() waited for the stalled client past its handshake_timeout";
+  // The stalled client's connection ends at its handshake_timeout, naming why.
+  const auto e = connect_error([&] { (void)first->wait_one(first->recv_cq(), 20s); });
+  ASSERT_TRUE(e) << "the unconfirmed connection's wait did not fail";
+  EXPECT_EQ(e->code(), std::errc::connection_aborted) << e->what();
+  EXPECT_NE(std::string(e->what()).find("did not confirm"), std::string::npos) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the unconfirmed connection outlived its handshake_timeout";
+  EXPECT_FALSE(first->connected());
+}
+
+// A connection accept() handed out before its client confirmed works once the client does: its
+// first receive (posted in before_handshake) takes the client's first send.
+TEST_F(Cm, AConnectionHandedOutBeforeItsClientConfirmedWorksOnceItDoes) {
+  cm::Listener listener(test_addr(), 0, {.handshake_timeout = 3s});
+  cm::PendingConnect late = stalled_client(listener.port());
+  std::this_thread::sleep_for(200ms);
+  std::optional<MemoryRegion> in;
+  const auto answered = std::chrono::steady_clock::now();
+  cm::Connection conn = listener.accept(10s, {.before_handshake = [&](const cm::Handshake& h) {
+                                               in.emplace(MemoryRegion::allocate(h.pd, 64, Access::local_write));
+                                               h.qp.post_recv(in->slice(0, 64), 5).check();
+                                             }});
+  EXPECT_TRUE(conn.connected());
+  std::optional<cm::Connection> client = finish_connect(late);
+  ASSERT_TRUE(client.has_value()) << "the late client never connected";
+  auto msg = MemoryRegion::allocate(client->pd(), 64);
+  fill_pattern(msg.bytes(), 3);
+  ASSERT_TRUE(client->qp().post_send(msg.slice(0, 64), {.wr_id = 6}).ok());
+  const auto sent = client->wait_one(client->send_cq(), 10s);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_TRUE(sent->ok()) << describe(*sent);
+  const auto got = conn.wait_one(conn.recv_cq(), 10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(completed(*got, WcOpcode::recv, 5));
+  EXPECT_TRUE(std::equal(in->bytes().begin(), in->bytes().end(), msg.bytes().begin()));
+  // Past its handshake_timeout, it is still up: confirmed.
+  std::this_thread::sleep_until(answered + 3500ms);
+  EXPECT_TRUE(conn.poll_events());
+  EXPECT_TRUE(conn.connected());
 }
 
 // A request whose client gave up before the server answered is dropped, and accept() goes on to
