@@ -550,15 +550,15 @@ class Listener {
   ~Listener();
 
   /// Waits up to `timeout` for a connection request, answers it with `options` (one request
-  /// per call: what the options hold is this connection's) and returns the connection at once,
-  /// its QP in RTS: it never waits for the client to confirm, so a client that stalls its
-  /// handshake holds up no accept(), and accept() never blocks past `timeout` (accept(0ms) when
-  /// fd() is readable suits an event loop). The connection sees the client's confirmation
-  /// (ESTABLISHED) as an event; if none comes within ListenOptions::handshake_timeout, or the
-  /// client's handshake fails, the client is taken to have gone: waits fail with ECONNABORTED
-  /// (noticed by wait(), spin(), wait_disconnected(), or a poll_events() called after that
-  /// limit). What this side sends before the client has its reply may wait for a transport
-  /// retry (the client's QP is not ready yet). A request whose client has gone, or whose
+  /// per call: what the options hold is this connection's) and returns the connection once the
+  /// client has confirmed it (ESTABLISHED), or earlier, its QP in RTS, when another request
+  /// waits or `timeout` has passed: a client that stalls its handshake holds up no other
+  /// request, and accept() never blocks past `timeout` (accept(0ms) when fd() is readable suits
+  /// an event loop). A connection handed out unconfirmed sees the confirmation as an event; if
+  /// none comes within ListenOptions::handshake_timeout, or the client's handshake fails, the
+  /// client is taken to have gone: waits fail with ECONNABORTED (noticed by wait(), spin(),
+  /// wait_disconnected(), or a poll_events() called after that limit), and what it sent before
+  /// the client's QP was ready waits for a transport retry. A request whose client has gone, or whose
   /// handshake failed already, is dropped, and the call goes on to the next request. Other
   /// events on the listener are skipped, but DEVICE_REMOVAL fails with ENODEV. Throws
   /// ConnectError (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data

@@ -2244,15 +2244,43 @@ TEST_F(Cm, AClientThatStopsMidHandshakeHoldsUpNoAccept) {
   EXPECT_FALSE(first->connected());
 }
 
-// A connection accept() handed out before its client confirmed works once the client does: its
-// first receive (posted in before_handshake) takes the client's first send.
+// A blocking accept() waiting for a stalled client's confirmation hands that connection out
+// unconfirmed as soon as another request comes, and the next accept() answers that one: the
+// stalled client holds up nobody (it used to hold the call up to handshake_timeout).
+TEST_F(Cm, AStalledHandshakeIsHandedOutWhenTheNextRequestComes) {
+  cm::Listener listener(test_addr(), 0, {.handshake_timeout = 6s});
+  cm::PendingConnect stalled = stalled_client(listener.port());
+  std::this_thread::sleep_for(200ms);
+  std::future<cm::Connection> second;
+  auto server = std::async(std::launch::async, [&] {
+    std::vector<cm::Connection> got;
+    got.push_back(listener.accept(15s));
+    got.push_back(listener.accept(15s));
+    return got;
+  });
+  std::this_thread::sleep_for(500ms);  // the first accept() waits on the stalled handshake
+  const auto t0 = std::chrono::steady_clock::now();
+  second = std::async(std::launch::async, [&] { return cm::connect(test_addr(), listener.port(), {.timeout = 20s}); });
+  std::vector<cm::Connection> got = server.get();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  cm::Connection client = second.get();
+  ASSERT_EQ(got.size(), 2U);
+  EXPECT_LT(took, 3s) << "the accept()s waited for the stalled client";
+  EXPECT_NE(got[0].peer_address(), client.local_address()) << "the stalled client's connection came second";
+  EXPECT_EQ(got[1].peer_address(), client.local_address());
+}
+
+// A connection accept() handed out before its client confirmed (its timeout passed first) works
+// once the client does: its first receive (posted in before_handshake) takes the client's first
+// send.
 TEST_F(Cm, AConnectionHandedOutBeforeItsClientConfirmedWorksOnceItDoes) {
   cm::Listener listener(test_addr(), 0, {.handshake_timeout = 3s});
   cm::PendingConnect late = stalled_client(listener.port());
   std::this_thread::sleep_for(200ms);
   std::optional<MemoryRegion> in;
   const auto answered = std::chrono::steady_clock::now();
-  cm::Connection conn = listener.accept(10s, {.before_handshake = [&](const cm::Handshake& h) {
+  // Its timeout passes first: the connection comes unconfirmed (the client confirms only below).
+  cm::Connection conn = listener.accept(1s, {.before_handshake = [&](const cm::Handshake& h) {
                                                in.emplace(MemoryRegion::allocate(h.pd, 64, Access::local_write));
                                                h.qp.post_recv(in->slice(0, 64), 5).check();
                                              }});
