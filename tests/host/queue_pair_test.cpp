@@ -20,6 +20,7 @@
 
 #include "support/stub_provider.hpp"
 #include "support/stub_requests.hpp"
+#include "support/stub_sges.hpp"
 
 namespace {
 
@@ -28,6 +29,7 @@ using verbs::LocalSlice;
 using verbs::PostResult;
 using verbs::QpState;
 using verbs::QpType;
+using verbs::RecvWr;
 using verbs::RemoteSlice;
 using verbs::SendWr;
 using verbs_stub::caps;
@@ -151,6 +153,65 @@ TEST(QueuePairStub, ChainReportsTheFirstFailingRequestAndPostsNothing) {
   chain.pop_back();
   EXPECT_TRUE(qp.post(chain).ok());
   EXPECT_EQ(stub.posted_sends, 3);
+}
+
+// ---- multi-SGE requests are values: they carry their slices ----
+
+// A request built from a span of slices and kept (a chain in a vector, as post(span<SendWr>)
+// invites) may be posted after the caller's array has been reused, or has gone out of scope:
+// the provider must still be handed the slices the request was built from.
+const std::array<LocalSlice, 3> kThree{LocalSlice{0x1000, 10, 1}, LocalSlice{0x2000, 20, 2}, LocalSlice{0x3000, 30, 3}};
+const LocalSlice kReused{0xdead0000, 1, 0xbad};
+
+TEST(QueuePairStub, AChainOfMultiSgeRequestsPostsItsSlicesAfterTheCallersArrayIsReused) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(4));
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  std::vector<SendWr> chain;
+  chain.push_back(SendWr::write(slices, kDst, {.wr_id = 1}));
+  chain.push_back(SendWr::write_imm(slices, kDst, 7, {.wr_id = 2}));
+  chain.push_back(SendWr::read(slices, kDst, {.wr_id = 3}));
+  chain.push_back(SendWr::send(slices, {.wr_id = 4}));
+  chain.push_back(SendWr::send_imm(slices, 8, {.wr_id = 5}));
+  // The caller's array, reused before the post. (Left to go out of scope instead, the array's
+  // last stores are dead to the optimiser, and what a borrowing request reads is undefined.)
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post(chain).ok());
+  ASSERT_EQ(sges.sends.size(), 5u);
+  for (std::size_t i = 0; i < sges.sends.size(); ++i)
+    EXPECT_TRUE(verbs_stub::same_sges(sges.sends[i], kThree)) << "request " << i;
+}
+
+TEST(QueuePairStub, AKeptMultiSgeRequestPostedAloneCarriesItsSlices) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(4));
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  const SendWr kept = SendWr::send(slices, {.wr_id = 1});
+  SendWr moved = SendWr::write(slices, kDst, {.wr_id = 2});
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post(kept).ok());              // an lvalue: posted from a copy
+  ASSERT_TRUE(qp.post(std::move(moved)).ok());  // a temporary: posted in place
+  ASSERT_EQ(sges.sends.size(), 2u);
+  EXPECT_TRUE(verbs_stub::same_sges(sges.sends[0], kThree));
+  EXPECT_TRUE(verbs_stub::same_sges(sges.sends[1], kThree));
+}
+
+TEST(QueuePairStub, KeptMultiSgeReceivesPostTheirSlicesAfterTheCallersArrayIsReused) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts,
+                                        {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 4, .max_inline_data = 0});
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  std::vector<RecvWr> receives;
+  receives.emplace_back(std::span<const LocalSlice>(slices), 1);
+  receives.emplace_back(std::span<const LocalSlice>(slices).first(2), 2);
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post_recv(receives).ok());
+  ASSERT_EQ(sges.recvs.size(), 2u);
+  EXPECT_TRUE(verbs_stub::same_sges(sges.recvs[0], kThree));
+  EXPECT_TRUE(verbs_stub::same_sges(sges.recvs[1], std::span(kThree).first(2)));
 }
 
 // ---- what the provider gets ----
