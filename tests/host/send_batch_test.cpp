@@ -363,6 +363,21 @@ TEST(SendBatchStub, AnAddedMultiSgeRequestCarriesItsSlicesAfterTheCallersArrayIs
   }
 }
 
+// A SendWr given more than max_wr_slices is refused; the batch's own span forms read the
+// slices during the call and take as many as the QP has.
+TEST(SendBatchStub, AKeptRequestOfMoreThanMaxWrSlicesIsRefusedTheSpanFormsTakeThem) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(kExtended, QpState::rts, caps(6));
+  const RemoteSlice dst{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  std::array<LocalSlice, 6> six{};
+  for (std::size_t i = 0; i < six.size(); ++i) six[i] = LocalSlice{0x1000 * (i + 1), 16, static_cast<std::uint32_t>(i)};
+  EXPECT_TRUE(refused(qp.batch().write(kSrc, dst).add(SendWr::write(six, dst)).complete(), Errc::too_many_slices, 1));
+  EXPECT_TRUE(stub.ex_posted.empty());
+  ASSERT_TRUE(qp.batch().write(six, dst, {.wr_id = 1}).read(six, dst, {.wr_id = 2}).send(six, {.wr_id = 3}).complete().ok());
+  ASSERT_EQ(stub.ex_posted.size(), 3u);
+  for (const verbs_stub::ExWr& w : stub.ex_posted) EXPECT_TRUE(verbs_stub::same_sges(w.sges, six)) << w.wr_id;
+}
+
 // A check that fails after a split: what came before the refused request is posted, and the
 // result says so.
 TEST(SendBatchStub, RefusalAfterASplitPostsWhatCameBefore) {
