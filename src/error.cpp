@@ -9,6 +9,8 @@
 namespace verbs {
 namespace {
 
+static_assert(max_wr_slices == 4, "Errc::too_many_slices's message names the limit");
+
 class VerbsCategory final : public std::error_category {
  public:
   const char* name() const noexcept override { return "verbs"; }
@@ -49,6 +51,10 @@ class VerbsCategory final : public std::error_category {
       case Errc::atomic_write_unsupported:
         return "the device does not report atomic write (IB_UVERBS_DEVICE_ATOMIC_WRITE), or the QP is not RC";
       case Errc::batch_closed: return "the SendBatch was completed: open another with QueuePair::batch()";
+      case Errc::too_many_slices:
+        return "a SendWr or RecvWr holds at most 4 slices (verbs::max_wr_slices); post more in one request with "
+               "QueuePair::post_write/post_read/post_send/post_recv or SendBatch::write/read/send over a span, "
+               "which read the caller's slices during the call";
     }
     return "unknown verbs error " + std::to_string(v);
   }

@@ -309,7 +309,7 @@ void QueuePair::set_state_(std::uint8_t state) noexcept {
   batch_allowed_ = ext | (max_send_sge_ >= 1 ? ext << SendWr::one_sge_bit : 0);
 }
 
-void SendBatch::post_alone_(const SendWr& w, std::uint32_t index) noexcept {
+void SendBatch::post_alone_(const SendWr& w, const ibv_sge* sg, std::uint32_t index) noexcept {
   // The requests before this one go first (or, none pending, the batch is given up).
   if (index > first_) {
     open_ = false;
@@ -322,7 +322,7 @@ void SendBatch::post_alone_(const SendWr& w, std::uint32_t index) noexcept {
     ibv_wr_abort(qpx_);
   }
   SendWr copy = w;
-  if (copy.own_sge_) copy.wr_.sg_list = &copy.sge_;
+  copy.wr_.sg_list = const_cast<ibv_sge*>(sg);  // NOLINT: ibv_post_send only reads it
   copy.wr_.next = nullptr;
   ibv_send_wr* bad = nullptr;
   if (const int rc = ibv_post_send(qp_->native_handle(), &copy.wr_, &bad); rc != 0) {

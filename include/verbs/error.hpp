@@ -67,6 +67,7 @@ enum class Errc : int {
   qp_not_extended,          ///< a SendBatch on a QP made without QpOptions::extended, or an operation its send_ops lack
   atomic_write_unsupported, ///< an atomic write on a device that does not report it (IB_UVERBS_DEVICE_ATOMIC_WRITE)
   batch_closed,             ///< a request or complete() on a SendBatch already completed
+  too_many_slices,          ///< a SendWr or RecvWr built from more than max_wr_slices slices (the span forms of QueuePair and SendBatch take more)
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.

@@ -429,7 +429,7 @@ class QueuePair {
   // that a request built from constants folds: what remains is what a hand-written ibv_send_wr
   // costs, plus a bit test and the checks that depend on run-time values (bench/overhead).
 
-  // Not by value: the 160-byte request would be copied even when inlined.
+  // Not by value: the 208-byte request would be copied even when inlined.
   ///@{
   /// Posts one send-queue request. A temporary is posted in place; an lvalue is copied first,
   /// since posting sets the request's sg_list and next.
@@ -446,7 +446,7 @@ class QueuePair {
     for (std::size_t i = 0; i < wrs.size(); ++i) {
       SendWr& w = wrs[i];
       if (!passes_(w)) [[unlikely]] return rejected_(w, static_cast<std::uint32_t>(i));
-      if (w.own_sge_) w.wr_.sg_list = &w.sge_;
+      w.wr_.sg_list = w.sge_;
       w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
     }
     ibv_send_wr* bad = nullptr;
@@ -459,6 +459,9 @@ class QueuePair {
     return {};
   }
 
+  // The span forms of post_write, post_read, post_send and post_recv read the caller's slices
+  // during the call, so they take any number of them (up to the QP's max_send_sge or
+  // max_recv_sge), where a SendWr or RecvWr holds at most max_wr_slices.
   ///@{
   /// RDMA write (SendWr::write).
   [[gnu::always_inline]] PostResult post_write(LocalSlice src, RemoteSlice dst, const PostOptions& o = {}) const noexcept {
@@ -467,8 +470,8 @@ class QueuePair {
   }
   [[gnu::always_inline]] PostResult post_write(std::span<const LocalSlice> src, RemoteSlice dst,
                                                const PostOptions& o = {}) const noexcept {
-    SendWr w = SendWr::write(src, dst, o);
-    return post_(w);
+    SendWr w = SendWr::borrowing_write_(src, dst, o);
+    return post_borrowing_(w);
   }
   ///@}
   /// RDMA write with immediate (host byte order).
@@ -485,8 +488,8 @@ class QueuePair {
   }
   [[gnu::always_inline]] PostResult post_read(std::span<const LocalSlice> dst, RemoteSlice src,
                                               const PostOptions& o = {}) const noexcept {
-    SendWr w = SendWr::read(dst, src, o);
-    return post_(w);
+    SendWr w = SendWr::borrowing_read_(dst, src, o);
+    return post_borrowing_(w);
   }
   ///@}
   ///@{
@@ -496,8 +499,8 @@ class QueuePair {
     return post_(w);
   }
   [[gnu::always_inline]] PostResult post_send(std::span<const LocalSlice> src, const PostOptions& o = {}) const noexcept {
-    SendWr w = SendWr::send(src, o);
-    return post_(w);
+    SendWr w = SendWr::borrowing_send_(src, o);
+    return post_borrowing_(w);
   }
   ///@}
   /// Send with immediate (`imm` in host byte order).
@@ -520,22 +523,17 @@ class QueuePair {
 
   ///@{
   /// Posts receives (ibv_post_recv(3)). Rejected with Errc::qp_has_srq on a QP that uses an
-  /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_sge over max_recv_sge.
-  PostResult post_recv(std::span<RecvWr> wrs) const noexcept {
-    if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
-    if (state_now_() == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
-      return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
-    return RecvWr::post_chain(wrs, max_recv_sge_, min_recv_bytes_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
-      return ibv_post_recv(qp_.get(), wr, bad);
-    });
-  }
+  /// SRQ, Errc::bad_qp_state in RESET, Errc::too_many_slices for a RecvWr built from more than
+  /// max_wr_slices, Errc::too_many_sge over max_recv_sge. The span of slices is read during
+  /// the call: any number up to max_recv_sge.
+  PostResult post_recv(std::span<RecvWr> wrs) const noexcept { return post_recv_<true>(wrs); }
   PostResult post_recv(LocalSlice dst, std::uint64_t wr_id = 0) const noexcept {
     RecvWr wr(dst, wr_id);
-    return post_recv(std::span(&wr, 1));
+    return post_recv_<true>(std::span(&wr, 1));
   }
   PostResult post_recv(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) const noexcept {
-    RecvWr wr(dst, wr_id);
-    return post_recv(std::span(&wr, 1));
+    RecvWr wr = RecvWr::borrowing_(dst, wr_id);
+    return post_recv_<false>(std::span(&wr, 1));
   }
 
   ///@}
@@ -555,9 +553,15 @@ class QueuePair {
  private:
   // The failure paths are out of line, so that what is inlined into every post is the checks,
   // two stores and the provider's call.
+  // A request the user holds (or built in the call from one slice): sg_list points at its own
+  // copies of its slices, wherever the object is now.
   [[gnu::always_inline]] PostResult post_(SendWr& wr) const noexcept {
+    wr.wr_.sg_list = wr.sge_;
+    return post_borrowing_(wr);
+  }
+  // A request whose sg_list is set: a borrowing one (SendWr::borrowing_*), or post_()'s.
+  [[gnu::always_inline]] PostResult post_borrowing_(SendWr& wr) const noexcept {
     if (!passes_(wr)) [[unlikely]] return rejected_(wr, 0);
-    if (wr.own_sge_) wr.wr_.sg_list = &wr.sge_;
     wr.wr_.next = nullptr;
     ibv_send_wr* bad = nullptr;
     const int rc = ibv_post_send(qp_.get(), &wr.wr_, &bad);
@@ -607,6 +611,16 @@ class QueuePair {
   }
   [[nodiscard, gnu::cold, gnu::noinline]] static PostResult device_error_(int rc) noexcept {
     return PostResult::device_error(detail::rc_to_errno(rc), 0);
+  }
+  // Receives: RecvWrs a user built (owned), or QueuePair::post_recv's borrowing one.
+  template <bool owned>
+  PostResult post_recv_(std::span<RecvWr> wrs) const noexcept {
+    if (has_srq_) [[unlikely]] return PostResult::rejected(Errc::qp_has_srq, 0);
+    if (state_now_() == IBV_QPS_RESET) [[unlikely]]  // a moved-from QP is in RESET too
+      return PostResult::rejected(qp_ ? Errc::bad_qp_state : Errc::empty_object, 0);
+    return RecvWr::post_chain<owned>(wrs, max_recv_sge_, min_recv_bytes_, [this](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+      return ibv_post_recv(qp_.get(), wr, bad);
+    });
   }
   QueuePair() = default;
   QueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
@@ -768,66 +782,25 @@ class SendBatch {
     return *this;
   }
   ///@{
-  /// Requests that scatter or gather several slices (as the SendWr builders).
+  /// Requests that scatter or gather several slices (as the SendWr builders). The slices are
+  /// read during the call (the provider copies them into the WQE), so any number of them, up
+  /// to the QP's max_send_sge, where a SendWr holds at most max_wr_slices.
   [[gnu::always_inline]] SendBatch& write(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o = {}) noexcept {
-    return add(SendWr::write(src, dst, o));
+    const SendWr w = SendWr::borrowing_write_(src, dst, o);
+    return add_(w, w.wr_.sg_list);
   }
   [[gnu::always_inline]] SendBatch& read(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o = {}) noexcept {
-    return add(SendWr::read(dst, src, o));
+    const SendWr w = SendWr::borrowing_read_(dst, src, o);
+    return add_(w, w.wr_.sg_list);
   }
   [[gnu::always_inline]] SendBatch& send(std::span<const LocalSlice> src, const PostOptions& o = {}) noexcept {
-    return add(SendWr::send(src, o));
+    const SendWr w = SendWr::borrowing_send_(src, o);
+    return add_(w, w.wr_.sg_list);
   }
   ///@}
   /// Adds a request built with SendWr (any of its kinds, UD-addressed ones too), checked as
   /// QueuePair::post checks it.
-  [[gnu::always_inline]] SendBatch& add(const SendWr& w) noexcept {
-    const std::uint32_t index = count_++;
-    if (!failed_.ok()) [[unlikely]] return *this;
-    const ibv_send_wr& r = w.wr_;
-    const bool inl = (r.send_flags & IBV_SEND_INLINE) != 0;
-    if (!qp_->passes_(qp_->batch_allowed_, w.key_, w.err_, r.num_sge, inl, w.total_)) [[unlikely]] {
-      failed_ = reject_(*qp_, w.key_, w.err_, r.num_sge, inl, w.total_, index, first_);
-      return *this;
-    }
-    const ibv_sge* sg = w.own_sge_ ? &w.sge_ : r.sg_list;
-    if (r.num_sge > 1 && (inl || (qp_->split_sge_ && !equal_lengths_(sg, r.num_sge)))) [[unlikely]] {
-      post_alone_(w, index);
-      return *this;
-    }
-    qpx_->wr_id = r.wr_id;
-    qpx_->wr_flags = r.send_flags;
-    switch (r.opcode) {
-      case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
-      case IBV_WR_RDMA_WRITE_WITH_IMM:
-        ibv_wr_rdma_write_imm(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr, r.imm_data);
-        break;
-      case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
-      case IBV_WR_SEND: ibv_wr_send(qpx_); break;
-      case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qpx_, r.imm_data); break;
-      case IBV_WR_SEND_WITH_INV: ibv_wr_send_inv(qpx_, r.invalidate_rkey); break;
-      case IBV_WR_ATOMIC_FETCH_AND_ADD:
-        ibv_wr_atomic_fetch_add(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add);
-        break;
-      case IBV_WR_ATOMIC_CMP_AND_SWP:
-        ibv_wr_atomic_cmp_swp(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add,
-                              r.wr.atomic.swap);
-        break;
-      case IBV_WR_LOCAL_INV: ibv_wr_local_inv(qpx_, r.invalidate_rkey); return *this;
-      default:
-        failed_ = reject_(*qp_, w.key_, static_cast<unsigned>(Errc::bad_argument), r.num_sge, inl, w.total_, index,
-                          first_);
-        return *this;
-    }
-    if ((w.key_ & SendWr::ud_bit) != 0) ibv_wr_set_ud_addr(qpx_, r.wr.ud.ah, r.wr.ud.remote_qpn, r.wr.ud.remote_qkey);
-    if (r.num_sge == 1) {
-      if (inl) ibv_wr_set_inline_data(qpx_, reinterpret_cast<void*>(sg->addr), sg->length);  // NOLINT
-      else ibv_wr_set_sge(qpx_, sg->lkey, sg->addr, sg->length);
-    } else {
-      ibv_wr_set_sge_list(qpx_, static_cast<std::size_t>(r.num_sge), sg);
-    }
-    return *this;
-  }
+  [[gnu::always_inline]] SendBatch& add(const SendWr& w) noexcept { return add_(w, w.sge_); }
 
   /// Posts the batch (ibv_wr_complete(3)): success, the check a request failed (nothing
   /// posted: aborted), or the provider's errno (Errc-less, generic category; none of the requests
@@ -913,8 +886,58 @@ class SendBatch {
                                                          std::uint32_t first) noexcept {
     return qp.rejected_(true, key, err, num_sge, inline_data, total, index, first > 0);
   }
-  // Posts `w` through ibv_post_send between two parts of the batch (SendBatch, multi-SGE).
-  [[gnu::cold, gnu::noinline]] void post_alone_(const SendWr& w, std::uint32_t index) noexcept;
+  // Posts `w`, its SGEs at `sg`, through ibv_post_send between two parts of the batch
+  // (SendBatch, multi-SGE).
+  [[gnu::cold, gnu::noinline]] void post_alone_(const SendWr& w, const ibv_sge* sg, std::uint32_t index) noexcept;
+  // add() with the request's SGEs at `sg`: its own (SendWr::sge_), or a borrowing request's
+  // caller's slices (its sg_list).
+  [[gnu::always_inline]] SendBatch& add_(const SendWr& w, const ibv_sge* sg) noexcept {
+    const std::uint32_t index = count_++;
+    if (!failed_.ok()) [[unlikely]] return *this;
+    const ibv_send_wr& r = w.wr_;
+    const bool inl = (r.send_flags & IBV_SEND_INLINE) != 0;
+    if (!qp_->passes_(qp_->batch_allowed_, w.key_, w.err_, r.num_sge, inl, w.total_)) [[unlikely]] {
+      failed_ = reject_(*qp_, w.key_, w.err_, r.num_sge, inl, w.total_, index, first_);
+      return *this;
+    }
+    if (r.num_sge > 1 && (inl || (qp_->split_sge_ && !equal_lengths_(sg, r.num_sge)))) [[unlikely]] {
+      post_alone_(w, sg, index);
+      return *this;
+    }
+    qpx_->wr_id = r.wr_id;
+    qpx_->wr_flags = r.send_flags;
+    switch (r.opcode) {
+      case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
+      case IBV_WR_RDMA_WRITE_WITH_IMM:
+        ibv_wr_rdma_write_imm(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr, r.imm_data);
+        break;
+      case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qpx_, r.wr.rdma.rkey, r.wr.rdma.remote_addr); break;
+      case IBV_WR_SEND: ibv_wr_send(qpx_); break;
+      case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qpx_, r.imm_data); break;
+      case IBV_WR_SEND_WITH_INV: ibv_wr_send_inv(qpx_, r.invalidate_rkey); break;
+      case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        ibv_wr_atomic_fetch_add(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add);
+        break;
+      case IBV_WR_ATOMIC_CMP_AND_SWP:
+        ibv_wr_atomic_cmp_swp(qpx_, r.wr.atomic.rkey, r.wr.atomic.remote_addr, r.wr.atomic.compare_add,
+                              r.wr.atomic.swap);
+        break;
+      case IBV_WR_LOCAL_INV: ibv_wr_local_inv(qpx_, r.invalidate_rkey); return *this;
+      default:
+        failed_ = reject_(*qp_, w.key_, static_cast<unsigned>(Errc::bad_argument), r.num_sge, inl, w.total_, index,
+                          first_);
+        return *this;
+    }
+    if ((w.key_ & SendWr::ud_bit) != 0) ibv_wr_set_ud_addr(qpx_, r.wr.ud.ah, r.wr.ud.remote_qpn, r.wr.ud.remote_qkey);
+    if (r.num_sge == 1) {
+      if (inl) ibv_wr_set_inline_data(qpx_, reinterpret_cast<void*>(sg->addr), sg->length);  // NOLINT
+      else ibv_wr_set_sge(qpx_, sg->lkey, sg->addr, sg->length);
+    } else {
+      ibv_wr_set_sge_list(qpx_, static_cast<std::size_t>(r.num_sge), sg);
+    }
+    return *this;
+  }
+
   [[gnu::always_inline]] [[nodiscard]] PostResult closed_() noexcept {
     PostResult r = failed_;
     failed_ = PostResult::rejected(Errc::batch_closed, count_);

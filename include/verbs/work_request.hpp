@@ -3,6 +3,7 @@
 // rejected, with nothing posted, by the QueuePair or SharedReceiveQueue it is posted on.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -82,9 +83,16 @@ static_assert(sizeof(PostResult) == 8);
 
 class QueuePair;
 
-/// One send-queue work request. Single-SGE requests carry their SGE inside; multi-SGE ones
-/// point at the caller's span of slices, which must stay valid until the post call returns.
-/// The memory the slices name must stay valid until the request's completion is polled.
+/// The most slices a SendWr or RecvWr holds. A request is a value: its builders copy the slices
+/// into it (as scatter/gather entries), so it may be kept, copied and moved, and posted after the
+/// caller's array of slices is gone. A builder given more is refused (Errc::too_many_slices);
+/// QueuePair's post_write, post_read, post_send and post_recv over a span, and SendBatch's
+/// write, read and send over a span, take any number, as they read the slices during the call.
+inline constexpr std::size_t max_wr_slices = 4;
+
+/// One send-queue work request. It carries copies of its slices (at most max_wr_slices; more
+/// are refused at build time, Errc::too_many_slices), so it may outlive the caller's array of
+/// them. The memory the slices name must stay valid until the request's completion is polled.
 class SendWr {
  public:
   ///@{
@@ -207,7 +215,14 @@ class SendWr {
   [[nodiscard]] std::uint64_t total_length() const noexcept { return total_; }
   /// The wr_id its completion will carry.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
-  /// The C work request (sg_list is set when posting).
+  /// The scatter/gather entries the request carries: copies of its slices, in order (none when
+  /// it was given more than max_wr_slices: error()).
+  [[nodiscard]] std::span<const ibv_sge> sges() const noexcept {
+    const auto n = static_cast<std::size_t>(wr_.num_sge);
+    return {sge_, n <= max_wr_slices ? n : 0};
+  }
+  /// The C work request. Its sg_list is set when posting (to the request's own copy of its
+  /// entries, sges(), since the object may have moved): null before.
   [[nodiscard]] const ibv_send_wr& native() const noexcept { return wr_; }
 
  private:
@@ -215,21 +230,54 @@ class SendWr {
   friend class SendBatch;     // posts it through ibv_wr_*
   friend class MemoryWindow;  // builds IBV_WR_BIND_MW requests
   // key_ is the opcode, plus ud_bit when addressed for UD, plus one_sge_bit when the request
-  // carries its one SGE inside. A QP allows a key (QueuePair::allowed_) when its type and state
-  // take such a request and, for one_sge_bit, it has at least one send SGE: posting tests one
-  // bit for all of that (QueuePair::passes_).
+  // was built from one LocalSlice (its one SGE known when building). A QP allows a key
+  // (QueuePair::allowed_) when its type and state take such a request and, for one_sge_bit, it
+  // has at least one send SGE: posting tests one bit for all of that (QueuePair::passes_). A
+  // request built from a span (0 to max_wr_slices SGEs, or a borrowing one of any number) has
+  // no one_sge_bit, and its num_sge is compared with the QP's max_send_sge.
   static constexpr std::uint8_t ud_bit = 16;
   static constexpr std::uint8_t one_sge_bit = 32;
 
-  SendWr(ibv_wr_opcode op, LocalSlice s, const PostOptions& o) noexcept
-      : sge_(s.native()), total_(s.length()), own_sge_(true) {
-    init_(op, o, nullptr, 1);  // sg_list is set when posting, since this object may move
+  // The builders' constructors: the request carries its SGEs (sge_; sg_list is pointed at them
+  // when posting, since this object may move or be copied). Only the entries in use are
+  // written: a single-SGE request costs what it did before it had room for more.
+  SendWr(ibv_wr_opcode op, LocalSlice s, const PostOptions& o) noexcept : total_(s.length()) {
+    sge_[0] = s.native();
+    init_(op, o, nullptr, 1);
     key_ |= one_sge_bit;
   }
   SendWr(ibv_wr_opcode op, std::span<const LocalSlice> s, const PostOptions& o) noexcept {
+    init_(op, o, nullptr, static_cast<int>(s.size()));  // over max_wr_slices: num_sge says how many
+    if (s.size() > max_wr_slices) [[unlikely]] {
+      fail_(Errc::too_many_slices);  // nothing copied: sges() is empty
+    } else {
+      for (std::size_t i = 0; i < s.size(); ++i) sge_[i] = s[i].native();
+    }
+    for (const LocalSlice& x : s) total_ += x.length();
+  }
+
+  // QueuePair's and SendBatch's span forms post the request within the call, so it points at
+  // the caller's slices, of any number, instead of copying them (the borrowing builders below;
+  // QueuePair::post_borrowing_, SendBatch::add_). Such a request never reaches the user.
+  struct Borrow {};
+  SendWr(Borrow, ibv_wr_opcode op, std::span<const LocalSlice> s, const PostOptions& o) noexcept {
     init_(op, o, const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.data())),  // NOLINT
           static_cast<int>(s.size()));
     for (const LocalSlice& x : s) total_ += x.length();
+  }
+  static SendWr borrowing_write_(std::span<const LocalSlice> src, RemoteSlice dst, const PostOptions& o) noexcept {
+    SendWr w(Borrow{}, IBV_WR_RDMA_WRITE, src, o);
+    w.remote_(dst);
+    return w;
+  }
+  static SendWr borrowing_read_(std::span<const LocalSlice> dst, RemoteSlice src, const PostOptions& o) noexcept {
+    SendWr w(Borrow{}, IBV_WR_RDMA_READ, dst, o);
+    w.remote_(src);
+    w.no_inline_(o);
+    return w;
+  }
+  static SendWr borrowing_send_(std::span<const LocalSlice> src, const PostOptions& o) noexcept {
+    return SendWr(Borrow{}, IBV_WR_SEND, src, o);
   }
   // Writes every byte of wr_: the head field by field, the rest (immediate, remote address,
   // UD address, XRC, memory-window and TSO fields, and their padding) zeroed, so that the
@@ -246,10 +294,10 @@ class SendWr {
     static_assert(offsetof(ibv_send_wr, wr) == offsetof(ibv_send_wr, send_flags) + 2 * sizeof(std::uint32_t),
                   "the head of ibv_send_wr has no padding");
     std::memset(&wr_.wr, 0, sizeof(ibv_send_wr) - offsetof(ibv_send_wr, wr));
-    key_ = static_cast<std::uint8_t>(op);
+    key_ = static_cast<std::uint16_t>(op);
   }
   // For the builders, which construct in place and return by name (NRVO): returning a chained
-  // `SendWr(...).remote_()` would copy the 160-byte object.
+  // `SendWr(...).remote_()` would copy the 208-byte object.
   void remote_(const RemoteSlice& r) noexcept {
     wr_.wr.rdma.remote_addr = r.addr;
     wr_.wr.rdma.rkey = r.rkey;
@@ -270,52 +318,87 @@ class SendWr {
     if (err_ == 0) err_ = static_cast<std::uint16_t>(e);
   }
 
-  ibv_send_wr wr_;          // written whole by init_
-  ibv_sge sge_{};
+  ibv_send_wr wr_;                // written whole by init_
+  ibv_sge sge_[max_wr_slices];    // the first num_sge written by the constructor, the rest never read
   std::uint64_t total_ = 0;
-  std::uint16_t err_ = 0;   // an Errc; 16 bits, so that err_, key_ and own_sge_ are one 4-byte store
-  std::uint8_t key_ = 0;    // what the QP must allow (above)
-  bool own_sge_ = false;    // sg_list must point at sge_ (set when posting, since this object may move)
+  std::uint16_t err_ = 0;         // an Errc; 16 bits, so that err_ and key_ are one 4-byte store
+  std::uint16_t key_ = 0;         // what the QP must allow (above)
 };
 
-/// One receive work request; slices as for SendWr.
+/// One receive work request. Like SendWr, it carries copies of its slices (at most
+/// max_wr_slices; more are refused, Errc::too_many_slices, when it is posted).
 class RecvWr {
  public:
   /// A receive with no buffer and wr_id 0.
   RecvWr() noexcept = default;
   /// Receives into one slice.
-  explicit RecvWr(LocalSlice dst, std::uint64_t wr_id = 0) noexcept : sge_(dst.native()), own_sge_(true) {
+  explicit RecvWr(LocalSlice dst, std::uint64_t wr_id = 0) noexcept : total_(dst.length()) {
     wr_.wr_id = wr_id;
     wr_.num_sge = 1;
+    sge_[0] = dst.native();
   }
-  /// Scatters into several slices; an empty span receives no payload (enough for a write
-  /// with immediate, whose data lands by RDMA).
+  /// Scatters into several slices, at most max_wr_slices of them (more: error(), and the post
+  /// refuses it); an empty span receives no payload (enough for a write with immediate, whose
+  /// data lands by RDMA).
   explicit RecvWr(std::span<const LocalSlice> dst, std::uint64_t wr_id = 0) noexcept {
     wr_.wr_id = wr_id;
-    wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(dst.data()));  // NOLINT
-    wr_.num_sge = static_cast<int>(dst.size());
+    wr_.num_sge = static_cast<int>(dst.size());  // over max_wr_slices: what error() and the post see
+    if (dst.size() <= max_wr_slices) [[likely]]
+      for (std::size_t i = 0; i < dst.size(); ++i) sge_[i] = dst[i].native();
+    for (const LocalSlice& x : dst) total_ += x.length();
+  }
+  /// The check this request failed at build time, if any (Errc{} when none):
+  /// Errc::too_many_slices when it was given more than max_wr_slices.
+  [[nodiscard]] Errc error() const noexcept {
+    return static_cast<std::size_t>(wr_.num_sge) > max_wr_slices ? Errc::too_many_slices : Errc{};
   }
   /// The wr_id its completion will carry.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return wr_.wr_id; }
-  /// The C work request (sg_list is set when posting).
+  /// Bytes the receive has room for (sum of its slices).
+  [[nodiscard]] std::uint64_t total_length() const noexcept { return total_; }
+  /// The scatter/gather entries the request carries: copies of its slices, in order (none when
+  /// it was given more than max_wr_slices: error()).
+  [[nodiscard]] std::span<const ibv_sge> sges() const noexcept {
+    const auto n = static_cast<std::size_t>(wr_.num_sge);
+    return {sge_, n <= max_wr_slices ? n : 0};
+  }
+  /// The C work request. Its sg_list is set when posting (to the request's own copy of its
+  /// entries, sges(), since the object may have moved): null before.
   [[nodiscard]] const ibv_recv_wr& native() const noexcept { return wr_; }
 
  private:
   friend class QueuePair;
   friend class SharedReceiveQueue;
 
+  // QueuePair::post_recv over a span of slices posts within the call: the receive points at
+  // the caller's slices, of any number (posted with post_chain<false>). Never reaches the user.
+  static RecvWr borrowing_(std::span<const LocalSlice> dst, std::uint64_t wr_id) noexcept {
+    RecvWr w;
+    w.wr_.wr_id = wr_id;
+    w.wr_.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(dst.data()));  // NOLINT
+    w.wr_.num_sge = static_cast<int>(dst.size());
+    for (const LocalSlice& x : dst) w.total_ += x.length();
+    return w;
+  }
+
   /// Checks and links a chain, then hands it to `post` (ibv_post_recv or ibv_post_srq_recv).
-  /// `min_bytes`: the room each receive needs (40 for the GRH on UD; 0 otherwise).
-  template <typename PostFn>
+  /// `min_bytes`: the room each receive needs (40 for the GRH on UD; 0 otherwise). `owned`:
+  /// the receives carry their SGEs (every RecvWr a user built), and sg_list is pointed at them;
+  /// false for a borrowing_() one, whose sg_list is the caller's.
+  template <bool owned = true, typename PostFn>
   static PostResult post_chain(std::span<RecvWr> wrs, std::uint32_t max_sge, std::uint32_t min_bytes,
                                PostFn&& post) noexcept {
     if (wrs.empty()) return {};
+    // A receive given more than max_wr_slices keeps their number in num_sge (error()), so one
+    // compare with this bound refuses it along with those over the queue's max_sge.
+    const std::uint32_t most = owned ? std::min(max_sge, std::uint32_t{max_wr_slices}) : max_sge;
     for (std::size_t i = 0; i < wrs.size(); ++i) {
       RecvWr& w = wrs[i];
-      if (static_cast<std::uint32_t>(w.wr_.num_sge) > max_sge) [[unlikely]]
-        return PostResult::rejected(Errc::too_many_sge, static_cast<std::uint32_t>(i));
-      if (w.own_sge_) w.wr_.sg_list = &w.sge_;
-      if (min_bytes != 0 && w.bytes_() < min_bytes) [[unlikely]]
+      if (static_cast<std::uint32_t>(w.wr_.num_sge) > most) [[unlikely]]
+        return PostResult::rejected(owned && w.error() != Errc{} ? w.error() : Errc::too_many_sge,
+                                    static_cast<std::uint32_t>(i));
+      if constexpr (owned) w.wr_.sg_list = w.sge_;
+      if (min_bytes != 0 && w.total_ < min_bytes) [[unlikely]]
         return PostResult::rejected(Errc::ud_recv_too_small, static_cast<std::uint32_t>(i));
       w.wr_.next = i + 1 < wrs.size() ? &wrs[i + 1].wr_ : nullptr;
     }
@@ -329,15 +412,9 @@ class RecvWr {
     return {};
   }
 
-  [[nodiscard]] std::uint64_t bytes_() const noexcept {
-    std::uint64_t n = 0;
-    for (int i = 0; i < wr_.num_sge; ++i) n += wr_.sg_list[i].length;
-    return n;
-  }
-
   ibv_recv_wr wr_{};
-  ibv_sge sge_{};
-  bool own_sge_ = false;  // sg_list must point at sge_ (set when posting, since this object may move)
+  ibv_sge sge_[max_wr_slices];  // the first num_sge written by the constructor, the rest never read
+  std::uint64_t total_ = 0;     // bytes of the slices: the UD check of room for the GRH reads it
 };
 
 }  // namespace verbs

@@ -20,6 +20,7 @@
 
 #include "support/stub_provider.hpp"
 #include "support/stub_requests.hpp"
+#include "support/stub_sges.hpp"
 
 namespace {
 
@@ -28,6 +29,7 @@ using verbs::LocalSlice;
 using verbs::PostResult;
 using verbs::QpState;
 using verbs::QpType;
+using verbs::RecvWr;
 using verbs::RemoteSlice;
 using verbs::SendWr;
 using verbs_stub::caps;
@@ -151,6 +153,172 @@ TEST(QueuePairStub, ChainReportsTheFirstFailingRequestAndPostsNothing) {
   chain.pop_back();
   EXPECT_TRUE(qp.post(chain).ok());
   EXPECT_EQ(stub.posted_sends, 3);
+}
+
+// ---- multi-SGE requests are values: they carry their slices ----
+
+// A request built from a span of slices and kept (a chain in a vector, as post(span<SendWr>)
+// invites) may be posted after the caller's array has been reused, or has gone out of scope:
+// the provider must still be handed the slices the request was built from.
+const std::array<LocalSlice, 3> kThree{LocalSlice{0x1000, 10, 1}, LocalSlice{0x2000, 20, 2}, LocalSlice{0x3000, 30, 3}};
+const LocalSlice kReused{0xdead0000, 1, 0xbad};
+
+TEST(QueuePairStub, AChainOfMultiSgeRequestsPostsItsSlicesAfterTheCallersArrayIsReused) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(4));
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  std::vector<SendWr> chain;
+  chain.push_back(SendWr::write(slices, kDst, {.wr_id = 1}));
+  chain.push_back(SendWr::write_imm(slices, kDst, 7, {.wr_id = 2}));
+  chain.push_back(SendWr::read(slices, kDst, {.wr_id = 3}));
+  chain.push_back(SendWr::send(slices, {.wr_id = 4}));
+  chain.push_back(SendWr::send_imm(slices, 8, {.wr_id = 5}));
+  // The caller's array, reused before the post. (Left to go out of scope instead, the array's
+  // last stores are dead to the optimiser, and what a borrowing request reads is undefined.)
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post(chain).ok());
+  ASSERT_EQ(sges.sends.size(), 5u);
+  for (std::size_t i = 0; i < sges.sends.size(); ++i)
+    EXPECT_TRUE(verbs_stub::same_sges(sges.sends[i], kThree)) << "request " << i;
+}
+
+TEST(QueuePairStub, AKeptMultiSgeRequestPostedAloneCarriesItsSlices) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(4));
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  const SendWr kept = SendWr::send(slices, {.wr_id = 1});
+  SendWr moved = SendWr::write(slices, kDst, {.wr_id = 2});
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post(kept).ok());              // an lvalue: posted from a copy
+  ASSERT_TRUE(qp.post(std::move(moved)).ok());  // a temporary: posted in place
+  ASSERT_EQ(sges.sends.size(), 2u);
+  EXPECT_TRUE(verbs_stub::same_sges(sges.sends[0], kThree));
+  EXPECT_TRUE(verbs_stub::same_sges(sges.sends[1], kThree));
+}
+
+TEST(QueuePairStub, KeptMultiSgeReceivesPostTheirSlicesAfterTheCallersArrayIsReused) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts,
+                                        {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 4, .max_inline_data = 0});
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 3> slices = kThree;
+  std::vector<RecvWr> receives;
+  receives.emplace_back(std::span<const LocalSlice>(slices), 1);
+  receives.emplace_back(std::span<const LocalSlice>(slices).first(2), 2);
+  slices.fill(kReused);
+  ASSERT_TRUE(qp.post_recv(receives).ok());
+  ASSERT_EQ(sges.recvs.size(), 2u);
+  EXPECT_TRUE(verbs_stub::same_sges(sges.recvs[0], kThree));
+  EXPECT_TRUE(verbs_stub::same_sges(sges.recvs[1], std::span(kThree).first(2)));
+}
+
+// The SGE count against the QP's: every count a request may hold (0 to max_wr_slices), on QPs
+// of 0 to 4 send and receive SGEs, posted alone and in a chain.
+TEST(QueuePairStub, KeptRequestsOfEverySgeCountAreCheckedAgainstTheQps) {
+  const std::array<LocalSlice, verbs::max_wr_slices> four{kThree[0], kThree[1], kThree[2], LocalSlice{0x4000, 40, 4}};
+  const RemoteSlice big{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  for (std::uint32_t max = 0; max <= 4; ++max)
+    for (std::size_t n = 0; n <= verbs::max_wr_slices; ++n) {
+      verbs_stub::Provider stub;
+      verbs::QueuePair qp = stub.queue_pair(
+          {}, QpState::rts, {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = max, .max_recv_sge = max, .max_inline_data = 0});
+      verbs_stub::SgeRecorder sges(stub);
+      const std::span<const LocalSlice> slices = std::span(four).first(n);
+      const bool fits = n <= max;
+      const auto expect = [&](const PostResult& r, std::uint32_t index = 0) {
+        return fits ? ::testing::AssertionResult(r.ok()) << r.error().message() : rejected(r, Errc::too_many_sge, index);
+      };
+      EXPECT_TRUE(expect(qp.post(SendWr::write(slices, big)))) << n << " SGEs, QP of " << max;
+      std::vector<SendWr> chain{SendWr::write_imm(std::span<const LocalSlice>{}, big, 1), SendWr::send(slices)};
+      EXPECT_TRUE(expect(qp.post(chain), 1)) << n << " SGEs, QP of " << max;
+      std::vector<RecvWr> receives{RecvWr(), RecvWr(slices)};
+      EXPECT_TRUE(expect(qp.post_recv(receives), 1)) << n << " SGEs, QP of " << max;
+      if (n == 1) {  // the one-slice forms
+        EXPECT_TRUE(expect(qp.post_send(four[0]))) << "QP of " << max;
+        EXPECT_TRUE(expect(qp.post_recv(four[0]))) << "QP of " << max;
+      }
+      for (const auto* posted : {&sges.sends, &sges.recvs})
+        for (const std::vector<ibv_sge>& one : *posted) {
+          if (one.empty()) continue;  // the empty requests of the chains
+          EXPECT_TRUE(verbs_stub::same_sges(one, slices)) << n << " SGEs, QP of " << max;
+        }
+    }
+}
+
+TEST(QueuePairStub, AKeptRequestOfMoreThanMaxWrSlicesIsRefusedWithNothingPosted) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(
+      {}, QpState::rts, {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 8, .max_recv_sge = 8, .max_inline_data = 0});
+  const std::array<LocalSlice, 5> five{kThree[0], kThree[1], kThree[2], LocalSlice{0x4000, 40, 4},
+                                       LocalSlice{0x5000, 50, 5}};
+  const RemoteSlice big{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  EXPECT_TRUE(rejected(qp.post(SendWr::send(five)), Errc::too_many_slices));
+  const SendWr kept = SendWr::write(five, big);
+  EXPECT_TRUE(rejected(qp.post(kept), Errc::too_many_slices));
+  std::vector<SendWr> chain{SendWr::send(kSrc), SendWr::read(five, big)};
+  EXPECT_TRUE(rejected(qp.post(chain), Errc::too_many_slices, 1));
+  std::vector<RecvWr> receives{RecvWr(kSrc), RecvWr(five)};
+  EXPECT_TRUE(rejected(qp.post_recv(receives), Errc::too_many_slices, 1));
+  EXPECT_EQ(stub.posted_sends, 0);
+  EXPECT_EQ(stub.posted_recvs, 0);
+}
+
+TEST(QueuePairStub, TooManySlicesComesBeforeTooManySge) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair({}, QpState::rts, caps(2));  // and 1 receive SGE
+  const std::array<LocalSlice, 5> five{kThree[0], kThree[1], kThree[2], LocalSlice{0x4000, 40, 4},
+                                       LocalSlice{0x5000, 50, 5}};
+  EXPECT_TRUE(rejected(qp.post(SendWr::send(five)), Errc::too_many_slices));
+  EXPECT_TRUE(rejected(qp.post(SendWr::send(kThree)), Errc::too_many_sge));
+  RecvWr many(five);
+  EXPECT_TRUE(rejected(qp.post_recv(std::span(&many, 1)), Errc::too_many_slices));
+  RecvWr three(kThree);
+  EXPECT_TRUE(rejected(qp.post_recv(std::span(&three, 1)), Errc::too_many_sge));
+}
+
+// QueuePair's span forms read the caller's slices during the call: more than a SendWr or RecvWr
+// holds, up to the QP's own limit.
+TEST(QueuePairStub, TheSpanFormsTakeMoreSlicesThanARequestHolds) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(
+      {}, QpState::rts, {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 6, .max_recv_sge = 6, .max_inline_data = 0});
+  verbs_stub::SgeRecorder sges(stub);
+  std::array<LocalSlice, 7> seven{};
+  for (std::size_t i = 0; i < seven.size(); ++i) seven[i] = LocalSlice{0x1000 * (i + 1), 16, static_cast<std::uint32_t>(i)};
+  const std::span<const LocalSlice> six = std::span(seven).first(6);
+  const RemoteSlice big{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  ASSERT_TRUE(qp.post_write(six, big).ok());
+  ASSERT_TRUE(qp.post_read(six, big).ok());
+  ASSERT_TRUE(qp.post_send(six).ok());
+  ASSERT_TRUE(qp.post_recv(six).ok());
+  ASSERT_EQ(sges.sends.size(), 3u);
+  for (const std::vector<ibv_sge>& posted : sges.sends) EXPECT_TRUE(verbs_stub::same_sges(posted, six));
+  ASSERT_EQ(sges.recvs.size(), 1u);
+  EXPECT_TRUE(verbs_stub::same_sges(sges.recvs[0], six));
+  EXPECT_TRUE(rejected(qp.post_send(seven), Errc::too_many_sge)) << "the QP's limit still holds";
+  EXPECT_TRUE(rejected(qp.post_recv(std::span<const LocalSlice>(seven)), Errc::too_many_sge));
+}
+
+// A UD receive needs room for the 40-byte GRH, counted over all its slices, in every form.
+TEST(QueuePairStub, AUdReceiveWithoutRoomForTheGrhIsRefusedInEveryForm) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(
+      {.type = QpType::ud}, QpState::rts,
+      {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 6, .max_inline_data = 0});
+  const std::array<LocalSlice, 6> eight_each{LocalSlice{0x1000, 8, 1}, LocalSlice{0x2000, 8, 1}, LocalSlice{0x3000, 8, 1},
+                                             LocalSlice{0x4000, 8, 1}, LocalSlice{0x5000, 8, 1}, LocalSlice{0x6000, 7, 1}};
+  EXPECT_TRUE(rejected(qp.post_recv(LocalSlice{0x1000, 39, 1}), Errc::ud_recv_too_small));
+  EXPECT_TRUE(qp.post_recv(LocalSlice{0x1000, 40, 1}).ok());
+  EXPECT_TRUE(rejected(qp.post_recv(std::span(eight_each).subspan(1)), Errc::ud_recv_too_small)) << "39 in 5";
+  EXPECT_TRUE(qp.post_recv(std::span(eight_each).first(5)).ok()) << "40 in 5";
+  std::vector<RecvWr> chain{RecvWr(std::span(eight_each).first(4)), RecvWr(std::span(eight_each).first(1))};
+  EXPECT_TRUE(rejected(qp.post_recv(chain), Errc::ud_recv_too_small)) << "32 in 4";
+  chain[0] = RecvWr(std::span(eight_each).first(1));
+  chain[1] = RecvWr(LocalSlice{0x1000, 40, 1});
+  EXPECT_TRUE(rejected(qp.post_recv(chain), Errc::ud_recv_too_small)) << "8 in 1";
+  EXPECT_EQ(stub.posted_recvs, 2);
 }
 
 // ---- what the provider gets ----

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <system_error>
 #include <vector>
 
@@ -19,6 +20,7 @@
 
 #include "support/stub_provider.hpp"
 #include "support/stub_requests.hpp"
+#include "support/stub_sges.hpp"
 
 namespace {
 
@@ -335,6 +337,45 @@ TEST(SendBatchStub, UnequalSgesOnRxeGoThroughPostSendInOrder) {
   ASSERT_TRUE(qp.batch().send(std::span(small), {.wr_id = 7, .inline_data = true}).complete().ok());
   EXPECT_EQ(stub.order, (std::vector<std::uint64_t>{7}));
   EXPECT_EQ(stub.last_send.wr_id, 7u);
+}
+
+// A multi-SGE SendWr added to a batch carries its slices, whether the batch hands them to
+// ibv_wr_set_sge_list or (rxe, unequal lengths) posts the request through ibv_post_send.
+TEST(SendBatchStub, AnAddedMultiSgeRequestCarriesItsSlicesAfterTheCallersArrayIsReused) {
+  const std::array<LocalSlice, 2> want{LocalSlice{0x1000, 100, 1}, LocalSlice{0x2000, 200, 2}};
+  const RemoteSlice dst{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  for (const std::uint32_t vendor : {0u, 0xffffffu}) {
+    verbs_stub::Provider stub;
+    stub.vendor_id = vendor;
+    verbs::QueuePair qp = stub.queue_pair(kExtended, QpState::rts, caps(2));
+    verbs_stub::SgeRecorder sges(stub);
+    std::array<LocalSlice, 2> slices = want;
+    const SendWr w = SendWr::write(slices, dst, {.wr_id = 1});
+    slices.fill(LocalSlice{0xdead0000, 1, 0xbad});
+    ASSERT_TRUE(qp.batch().add(w).complete().ok()) << vendor;
+    if (vendor == 0) {
+      ASSERT_EQ(stub.ex_posted.size(), 1u);
+      EXPECT_TRUE(verbs_stub::same_sges(stub.ex_posted[0].sges, want)) << "through ibv_wr_set_sge_list";
+    } else {
+      ASSERT_EQ(sges.sends.size(), 1u) << "on rxe, unequal lengths go through ibv_post_send";
+      EXPECT_TRUE(verbs_stub::same_sges(sges.sends[0], want)) << "through ibv_post_send (rxe)";
+    }
+  }
+}
+
+// A SendWr given more than max_wr_slices is refused; the batch's own span forms read the
+// slices during the call and take as many as the QP has.
+TEST(SendBatchStub, AKeptRequestOfMoreThanMaxWrSlicesIsRefusedTheSpanFormsTakeThem) {
+  verbs_stub::Provider stub;
+  verbs::QueuePair qp = stub.queue_pair(kExtended, QpState::rts, caps(6));
+  const RemoteSlice dst{.addr = 0x20000, .length = 4096, .rkey = 0x22};
+  std::array<LocalSlice, 6> six{};
+  for (std::size_t i = 0; i < six.size(); ++i) six[i] = LocalSlice{0x1000 * (i + 1), 16, static_cast<std::uint32_t>(i)};
+  EXPECT_TRUE(refused(qp.batch().write(kSrc, dst).add(SendWr::write(six, dst)).complete(), Errc::too_many_slices, 1));
+  EXPECT_TRUE(stub.ex_posted.empty());
+  ASSERT_TRUE(qp.batch().write(six, dst, {.wr_id = 1}).read(six, dst, {.wr_id = 2}).send(six, {.wr_id = 3}).complete().ok());
+  ASSERT_EQ(stub.ex_posted.size(), 3u);
+  for (const verbs_stub::ExWr& w : stub.ex_posted) EXPECT_TRUE(verbs_stub::same_sges(w.sges, six)) << w.wr_id;
 }
 
 // A check that fails after a split: what came before the refused request is posted, and the

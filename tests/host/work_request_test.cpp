@@ -7,7 +7,9 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <system_error>
+#include <utility>
 
 #include <infiniband/verbs.h>
 
@@ -52,6 +54,10 @@ TEST(SendWr, WriteFillsOpcodeRemoteAddressAndKey) {
   EXPECT_EQ(w.native().next, nullptr);
   EXPECT_EQ(w.total_length(), 64u);
   EXPECT_EQ(build_error(w), Errc{});
+  ASSERT_EQ(w.sges().size(), 1u);
+  EXPECT_EQ(w.sges()[0].addr, kLocal.addr());
+  EXPECT_EQ(w.sges()[0].length, kLocal.length());
+  EXPECT_EQ(w.sges()[0].lkey, kLocal.lkey());
 }
 
 TEST(SendWr, ReadFillsOpcodeRemoteAddressAndKey) {
@@ -128,40 +134,62 @@ TEST(SendWr, OptionsCombine) {
 const std::array<LocalSlice, 3> kSlices{LocalSlice{0x1000, 10, 1}, LocalSlice{0x2000, 20, 2},
                                         LocalSlice{0x3000, 30, 3}};
 
-void expect_points_at_slices(const SendWr& w) {
+// `w` carries copies of kSlices (sges()), whatever becomes of the array it was built from; its
+// sg_list is set when it is posted.
+void expect_carries_slices(const SendWr& w) {
   ASSERT_EQ(w.native().num_sge, 3);
-  ASSERT_NE(w.native().sg_list, nullptr);
-  EXPECT_EQ(static_cast<const void*>(w.native().sg_list), static_cast<const void*>(kSlices.data()));
+  EXPECT_EQ(w.native().sg_list, nullptr) << "set when posting, to the request's own entries";
+  ASSERT_EQ(w.sges().size(), 3u);
   for (std::size_t i = 0; i < kSlices.size(); ++i) {
-    EXPECT_EQ(w.native().sg_list[i].addr, kSlices[i].addr()) << i;
-    EXPECT_EQ(w.native().sg_list[i].length, kSlices[i].length()) << i;
-    EXPECT_EQ(w.native().sg_list[i].lkey, kSlices[i].lkey()) << i;
+    EXPECT_EQ(w.sges()[i].addr, kSlices[i].addr()) << i;
+    EXPECT_EQ(w.sges()[i].length, kSlices[i].length()) << i;
+    EXPECT_EQ(w.sges()[i].lkey, kSlices[i].lkey()) << i;
   }
   EXPECT_EQ(w.total_length(), 60u);
+  EXPECT_EQ(build_error(w), Errc{});
 }
 
-TEST(SendWr, SpanFormsUseTheCallersSlicesAsSgList) {
-  const std::span<const LocalSlice> s(kSlices);
-  {
-    SCOPED_TRACE("write");
-    expect_points_at_slices(SendWr::write(s, kRemote));
+TEST(SendWr, SpanFormsCopyTheCallersSlices) {
+  std::array<LocalSlice, 3> slices = kSlices;
+  const SendWr write = SendWr::write(slices, kRemote);
+  const SendWr write_imm = SendWr::write_imm(slices, kRemote, 1);
+  const SendWr read = SendWr::read(slices, kRemote);
+  const SendWr send = SendWr::send(slices);
+  const SendWr send_imm = SendWr::send_imm(slices, 1);
+  slices.fill(LocalSlice{0xdead0000, 1, 0xbad});  // the caller's array, reused
+  for (const auto& [name, w] : {std::pair{"write", &write}, std::pair{"write_imm", &write_imm},
+                                std::pair{"read", &read}, std::pair{"send", &send}, std::pair{"send_imm", &send_imm}}) {
+    SCOPED_TRACE(name);
+    expect_carries_slices(*w);
+    const SendWr copy = *w;  // a copy carries its own
+    expect_carries_slices(copy);
+    EXPECT_NE(copy.sges().data(), w->sges().data());
   }
-  {
-    SCOPED_TRACE("write_imm");
-    expect_points_at_slices(SendWr::write_imm(s, kRemote, 1));
-  }
-  {
-    SCOPED_TRACE("read");
-    expect_points_at_slices(SendWr::read(s, kRemote));
-  }
-  {
-    SCOPED_TRACE("send");
-    expect_points_at_slices(SendWr::send(s));
-  }
-  {
-    SCOPED_TRACE("send_imm");
-    expect_points_at_slices(SendWr::send_imm(s, 1));
-  }
+}
+
+TEST(SendWr, HoldsUpToMaxWrSlicesAndRefusesMore) {
+  static_assert(verbs::max_wr_slices == 4);
+  const std::array<LocalSlice, 5> five{kSlices[0], kSlices[1], kSlices[2], LocalSlice{0x4000, 40, 4},
+                                       LocalSlice{0x5000, 50, 5}};
+  const std::span<const LocalSlice> four = std::span(five).first(4);
+  const RemoteSlice big{.addr = 0x20000, .length = 4096, .rkey = 2};
+  EXPECT_EQ(build_error(SendWr::write(four, big)), Errc{});
+  EXPECT_EQ(SendWr::write(four, big).sges().size(), 4u);
+  EXPECT_EQ(SendWr::write(four, big).sges()[3].lkey, 4u);
+  EXPECT_EQ(build_error(SendWr::write(five, big)), Errc::too_many_slices);
+  EXPECT_EQ(build_error(SendWr::write_imm(five, big, 1)), Errc::too_many_slices);
+  EXPECT_EQ(build_error(SendWr::read(five, big)), Errc::too_many_slices);
+  EXPECT_EQ(build_error(SendWr::send(five)), Errc::too_many_slices);
+  EXPECT_EQ(build_error(SendWr::send_imm(five, 1)), Errc::too_many_slices);
+  // Refused as a whole: nothing copied, the number given kept, and this check comes first.
+  const SendWr refused = SendWr::write(five, RemoteSlice{.addr = 0x20000, .length = 1, .rkey = 2});
+  EXPECT_EQ(build_error(refused), Errc::too_many_slices) << "before remote_too_small";
+  EXPECT_TRUE(refused.sges().empty());
+  EXPECT_EQ(refused.native().num_sge, 5);
+  EXPECT_EQ(refused.total_length(), 150u);
+  const std::string why = std::error_code(Errc::too_many_slices).message();
+  EXPECT_NE(why.find("at most 4 slices"), std::string::npos) << why;
+  EXPECT_NE(why.find("QueuePair::post_write"), std::string::npos) << why << ": what to do instead";
 }
 
 TEST(SendWr, EmptySpanWriteImmCarriesNoSge) {
@@ -257,17 +285,41 @@ TEST(RecvWr, SingleSliceFormHasOneSgeAndTheId) {
   EXPECT_EQ(w.native().wr_id, 55u);
   EXPECT_EQ(w.native().num_sge, 1);
   EXPECT_EQ(w.native().next, nullptr);
+  ASSERT_EQ(w.sges().size(), 1u);
+  EXPECT_EQ(w.sges()[0].addr, kLocal.addr());
+  EXPECT_EQ(w.sges()[0].lkey, kLocal.lkey());
 }
 
-TEST(RecvWr, SpanFormUsesTheCallersSlicesAsSgList) {
-  const RecvWr w(std::span<const LocalSlice>(kSlices), 56);
+TEST(RecvWr, SpanFormCopiesTheCallersSlices) {
+  std::array<LocalSlice, 3> slices = kSlices;
+  const RecvWr w(std::span<const LocalSlice>(slices), 56);
+  slices.fill(LocalSlice{0xdead0000, 1, 0xbad});  // the caller's array, reused
   EXPECT_EQ(w.wr_id(), 56u);
+  EXPECT_EQ(w.error(), Errc{});
   ASSERT_EQ(w.native().num_sge, 3);
-  ASSERT_NE(w.native().sg_list, nullptr);
-  EXPECT_EQ(static_cast<const void*>(w.native().sg_list), static_cast<const void*>(kSlices.data()));
-  EXPECT_EQ(w.native().sg_list[2].addr, kSlices[2].addr());
-  EXPECT_EQ(w.native().sg_list[2].length, kSlices[2].length());
-  EXPECT_EQ(w.native().sg_list[2].lkey, kSlices[2].lkey());
+  EXPECT_EQ(w.native().sg_list, nullptr) << "set when posting, to the request's own entries";
+  for (const RecvWr& r : {w, RecvWr(w)}) {  // and a copy carries its own
+    ASSERT_EQ(r.sges().size(), 3u);
+    for (std::size_t i = 0; i < kSlices.size(); ++i) {
+      EXPECT_EQ(r.sges()[i].addr, kSlices[i].addr()) << i;
+      EXPECT_EQ(r.sges()[i].length, kSlices[i].length()) << i;
+      EXPECT_EQ(r.sges()[i].lkey, kSlices[i].lkey()) << i;
+    }
+  }
+}
+
+TEST(RecvWr, HoldsUpToMaxWrSlicesAndRefusesMore) {
+  const std::array<LocalSlice, 5> five{kSlices[0], kSlices[1], kSlices[2], LocalSlice{0x4000, 40, 4},
+                                       LocalSlice{0x5000, 50, 5}};
+  const RecvWr four(std::span<const LocalSlice>(five).first(4), 1);
+  EXPECT_EQ(four.error(), Errc{});
+  EXPECT_EQ(four.sges().size(), 4u);
+  const RecvWr refused(std::span<const LocalSlice>(five), 2);
+  EXPECT_EQ(refused.error(), Errc::too_many_slices);
+  EXPECT_TRUE(refused.sges().empty());
+  EXPECT_EQ(refused.native().num_sge, 5);
+  EXPECT_EQ(RecvWr(kLocal).error(), Errc{});
+  EXPECT_EQ(RecvWr().error(), Errc{});
 }
 
 TEST(RecvWr, EmptySpanReceivesNoPayload) {

@@ -253,8 +253,8 @@ MUTANTS = [
     {
         "id": "ud-recv-grh-room-off-by-one",
         "file": "include/verbs/work_request.hpp",
-        "from": "if (min_bytes != 0 && w.bytes_() < min_bytes) [[unlikely]]",
-        "to": "if (min_bytes != 0 && w.bytes_() < min_bytes - 1) [[unlikely]]",
+        "from": "if (min_bytes != 0 && w.total_ < min_bytes) [[unlikely]]",
+        "to": "if (min_bytes != 0 && w.total_ < min_bytes - 1) [[unlikely]]",
         "suite": "device",
         "tests": r"^UnreliableDatagram\.AReceiveWithoutRoomForTheGrhIsRefused$",
         "why": "the UD receive size check before posting admits 39 bytes for the 40-byte GRH; "
