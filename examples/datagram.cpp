@@ -28,7 +28,7 @@ constexpr const char* kName = "datagram";
 constexpr std::size_t kGrh = 40;
 
 /// The next completion of `cq`, which must have succeeded; throws after `timeout`.
-verbs::Completion next(verbs::CompletionQueue& cq, std::chrono::seconds timeout, const char* what) {
+verbs::Completion next(const verbs::CompletionQueue& cq, std::chrono::seconds timeout, const char* what) {
   verbs::Completion wc;
   if (cq.wait(std::span(&wc, 1), timeout).empty())
     throw std::runtime_error(std::string("no ") + what + " within " + std::to_string(timeout.count()) + " s");

@@ -63,7 +63,7 @@ inline void run_echo_client(const EchoOptions& o, std::barrier<>* start, bool& a
   arrived = true;
   if (start != nullptr) start->arrive_and_wait();
   began = std::chrono::steady_clock::now();
-  const auto wait = [&](verbs::CompletionQueue& cq) {
+  const auto wait = [&](const verbs::CompletionQueue& cq) {
     const std::optional<verbs::Completion> wc = conn.wait_one(cq, args.timeout);
     if (!wc) throw std::runtime_error("no answer within " + std::to_string(args.timeout.count()) + " s");
     wc->throw_if_failed();

@@ -88,7 +88,7 @@ verbs::RemoteSlice get_advert(const verbs::MemoryRegion& mr) {
 }
 
 /// Waits for one completion on `cq`; false when the peer has gone (the normal end).
-bool await(verbs::cm::Connection& c, verbs::CompletionQueue& cq, verbs::WcOpcode expected) {
+bool await(verbs::cm::Connection& c, const verbs::CompletionQueue& cq, verbs::WcOpcode expected) {
   std::error_code ec;
   verbs::Completion wc;
   if (c.wait(cq, std::span(&wc, 1), kStep, ec).empty()) {

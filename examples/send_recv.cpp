@@ -34,7 +34,7 @@ constexpr std::size_t kSlots = 16;  // receives the server keeps posted on each 
 
 /// Polls `cq` until it is empty, calling `handle` on each completion.
 template <typename F>
-void drain(verbs::CompletionQueue& cq, F&& handle) {
+void drain(const verbs::CompletionQueue& cq, F&& handle) {
   std::array<verbs::Completion, 16> wcs;
   for (auto got = cq.poll(wcs); !got.empty(); got = cq.poll(wcs))
     for (const verbs::Completion& wc : got) handle(wc);
@@ -62,7 +62,7 @@ struct Client {
     if (!conn.poll_events()) return false;
     // Acknowledge the wake-ups and re-arm before polling: a completion that arrives after the
     // poll makes the fd readable again, so none is left behind.
-    for (verbs::CompletionQueue* cq : {&conn.recv_cq(), &conn.send_cq()}) {
+    for (const verbs::CompletionQueue* cq : {&conn.recv_cq(), &conn.send_cq()}) {
       cq->consume_events();
       cq->req_notify();
     }
@@ -143,7 +143,7 @@ void run_client(const example::Args& args, std::uint64_t count, std::size_t size
   // [0, size) is what we send, [size, 2 size) where the echo lands.
   auto buf = verbs::MemoryRegion::allocate(conn.pd(), 2 * size, verbs::Access::local_write);
   const std::span<std::byte> out = buf.bytes().first(size), in = buf.bytes().subspan(size, size);
-  const auto wait = [&](verbs::CompletionQueue& cq) {  // watches the connection too
+  const auto wait = [&](const verbs::CompletionQueue& cq) {  // watches the connection too
     const std::optional<verbs::Completion> wc = conn.wait_one(cq, args.timeout);
     if (!wc) throw std::runtime_error("no answer within " + std::to_string(args.timeout.count()) + " s");
     wc->throw_if_failed();

@@ -69,7 +69,7 @@ class PingPong {
  private:
   void post_receive() { conn_.qp().post_recv(std::span<const verbs::LocalSlice>{}).check(); }
 
-  verbs::Completion wait(verbs::CompletionQueue& cq) {
+  verbs::Completion wait(const verbs::CompletionQueue& cq) {
     const std::optional<verbs::Completion> wc = conn_.wait_one(cq, timeout_);
     if (!wc) throw std::runtime_error("the peer did not answer within " + std::to_string(timeout_.count()) + " s");
     wc->throw_if_failed();
@@ -77,7 +77,7 @@ class PingPong {
   }
   /// Busy-polls `cq`, and looks at the connection every 1024 empty polls (Connection::spin):
   /// polling the CQ alone would leave a dead peer unnoticed until the transport gives up.
-  verbs::Completion spin(verbs::CompletionQueue& cq) {
+  verbs::Completion spin(const verbs::CompletionQueue& cq) {
     const std::optional<verbs::Completion> wc = conn_.spin_one(cq, timeout_);
     if (!wc) throw std::runtime_error("the peer did not answer within " + std::to_string(timeout_.count()) + " s");
     wc->throw_if_failed();

@@ -271,7 +271,7 @@ CompletionQueue CompletionQueue::adopt(std::shared_ptr<ibv_cq> cq, ibv_cq_ex* ex
   return q;
 }
 
-void CompletionQueue::req_notify(bool solicited_only) {
+void CompletionQueue::req_notify(bool solicited_only) const {
   check_not_empty_("req_notify", SourceLocation::current());
   if (!has_channel())
     detail::throw_error(make_error_code(Errc::bad_argument),
@@ -281,7 +281,7 @@ void CompletionQueue::req_notify(bool solicited_only) {
 }
 
 std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, std::error_code& ec,
-                                                    bool solicited_only) noexcept {
+                                                    bool solicited_only) const noexcept {
   ec.clear();
   if (!has_channel()) {
     ec = make_error_code(*this ? Errc::bad_argument : Errc::empty_object);
@@ -295,7 +295,7 @@ std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, s
   return poll(out, ec);
 }
 
-std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, bool solicited_only) {
+std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, bool solicited_only) const {
   check_not_empty_("arm_and_poll", SourceLocation::current());
   std::error_code ec;
   auto got = arm_and_poll(out, ec, solicited_only);
@@ -308,7 +308,7 @@ std::span<Completion> CompletionQueue::arm_and_poll(std::span<Completion> out, b
 
 int CompletionQueue::fd() const noexcept { return has_channel() ? cq_->channel->fd : -1; }
 
-int CompletionQueue::consume_events(std::error_code& ec) noexcept {
+int CompletionQueue::consume_events(std::error_code& ec) const noexcept {
   ec.clear();
   if (!has_channel()) return 0;
   if (shares_channel()) {  // the events are the channel's, of every CQ on it
@@ -329,7 +329,7 @@ int CompletionQueue::consume_events(std::error_code& ec) noexcept {
   return n;
 }
 
-int CompletionQueue::consume_events() {
+int CompletionQueue::consume_events() const {
   std::error_code ec;
   const int n = consume_events(ec);
   if (ec == make_error_code(Errc::bad_argument))
@@ -340,7 +340,7 @@ int CompletionQueue::consume_events() {
 }
 
 std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout,
-                                            std::error_code& ec) noexcept {
+                                            std::error_code& ec) const noexcept {
   using clock = std::chrono::steady_clock;
   const auto deadline = detail::deadline_after(timeout);
   ec.clear();
@@ -364,7 +364,7 @@ std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chro
   }
 }
 
-std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout) {
+std::span<Completion> CompletionQueue::wait(std::span<Completion> out, std::chrono::milliseconds timeout) const {
   std::error_code ec;
   auto got = wait(out, timeout, ec);
   if (ec == make_error_code(Errc::bad_argument) && shares_channel())

@@ -83,7 +83,7 @@ __attribute__((noinline)) bool lib_post_wr(verbs::QueuePair& qp, const verbs::Lo
   return qp.batch().write(src, dst, {.wr_id = id}).complete().ok();
 }
 
-__attribute__((noinline)) int lib_poll(verbs::CompletionQueue& cq, std::span<verbs::Completion> out) {
+__attribute__((noinline)) int lib_poll(const verbs::CompletionQueue& cq, std::span<verbs::Completion> out) {
   std::error_code ec;
   const std::size_t n = cq.poll(out, ec).size();
   return ec ? -1 : static_cast<int>(n);

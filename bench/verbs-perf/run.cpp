@@ -57,7 +57,7 @@ verbs::PostResult batch_post(const verbs::QueuePair& qp, std::span<const verbs::
 /// Busy-polls one completion, as perftest's `do ne = ibv_poll_cq(cq, 1, &wc); while (ne == 0)`;
 /// with -e, sleeps until it comes (CompletionQueue::wait: poll, arm, poll again, then sleep on
 /// the channel's fd), where perftest sleeps in ibv_get_cq_event and arms after.
-verbs::Completion spin(const Session& s, verbs::CompletionQueue& cq, Watchdog& wd) {
+verbs::Completion spin(const Session& s, const verbs::CompletionQueue& cq, Watchdog& wd) {
   verbs::Completion wc;
   if (s.cfg.events) {
     if (cq.wait(std::span(&wc, 1), s.cfg.timeout).empty()) starved(s);
@@ -153,7 +153,7 @@ std::uint64_t write_lat(Session& s, const Plan& p, Stamps* st, double per_us) {
   const bool timed = s.cfg.duration > 0;
   const std::uint64_t n = p.iters;
   const verbs::QueuePair& qp = *s.qps[0];
-  verbs::CompletionQueue& cq = *s.send_cq;
+  const verbs::CompletionQueue& cq = *s.send_cq;
   const volatile std::byte* in = s.in_ptr(0, p.size - 1);
   std::byte* out = s.out_ptr(0, p.size - 1);
   const verbs::LocalSlice src = s.out_slice(0, 0, p.size);

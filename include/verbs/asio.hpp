@@ -100,7 +100,7 @@ class CqWaiter {
  public:
   /// Watches `cq`'s channel fd. Throws Error(Errc::bad_argument) for a CQ without a channel of
   /// its own, std::system_error when the fd cannot be duplicated.
-  CqWaiter(const net::any_io_executor& ex, CompletionQueue& cq) : cq_(&cq), fd_(open(ex, cq)) {}
+  CqWaiter(const net::any_io_executor& ex, const CompletionQueue& cq) : cq_(&cq), fd_(open(ex, cq)) {}
 
   /// Waits until `cq` has completions and completes with void(std::error_code, std::size_t n):
   /// the first n entries of `out` are filled. Polls first: ready completions cost no system
@@ -113,10 +113,10 @@ class CqWaiter {
   /// Cancels the wait in progress (it completes with operation_aborted).
   void cancel() { fd_.cancel(); }
   /// The CQ waited on.
-  [[nodiscard]] CompletionQueue& cq() const noexcept { return *cq_; }
+  [[nodiscard]] const CompletionQueue& cq() const noexcept { return *cq_; }
 
  private:
-  static net::posix::stream_descriptor open(const net::any_io_executor& ex, CompletionQueue& cq) {
+  static net::posix::stream_descriptor open(const net::any_io_executor& ex, const CompletionQueue& cq) {
     if (!cq.has_channel() || cq.shares_channel())
       throw Error(make_error_code(Errc::bad_argument),
                   "verbs::asio::CqWaiter: the CQ needs a completion channel of its own (CqOptions::with_channel); "
@@ -152,7 +152,7 @@ class CqWaiter {
     }
   };
 
-  CompletionQueue* cq_;
+  const CompletionQueue* cq_;
   net::posix::stream_descriptor fd_;
 };
 

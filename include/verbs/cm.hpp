@@ -313,9 +313,9 @@ class Connection {
   [[nodiscard]] const ProtectionDomain& pd() const noexcept;
   /// The send completion queue (with a completion channel when the connection made it); with
   /// ConnectionOptions::send_cq, an object sharing that CQ, as pd() does.
-  [[nodiscard]] CompletionQueue& send_cq() noexcept;
+  [[nodiscard]] const CompletionQueue& send_cq() const noexcept;
   /// The receive completion queue, as send_cq().
-  [[nodiscard]] CompletionQueue& recv_cq() noexcept;
+  [[nodiscard]] const CompletionQueue& recv_cq() const noexcept;
   /// The connected RC queue pair, in RTS, to post on (posting is const: the QP stays the
   /// connection's, and cannot be moved out). The library makes its transitions itself (librdmacm
   /// does not manage it), so it never grants a right the options did not ask for. Once the
@@ -344,13 +344,13 @@ class Connection {
   /// CQ whose channel is shared with other CQs (CqOptions::channel) is refused with
   /// Errc::bad_argument, as CompletionQueue::wait() refuses it: sleeping there would take the
   /// other CQs' events from whoever watches that channel. Wait on the channel, or spin().
-  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> wait(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   /// As above; throws ConnectError instead of setting an error_code (recording `where`).
-  std::span<Completion> wait(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> wait(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              SourceLocation where = SourceLocation::current());
   /// One completion from `cq`, empty on timeout; throws ConnectError as wait() does.
-  std::optional<Completion> wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+  std::optional<Completion> wait_one(const CompletionQueue& cq, std::chrono::milliseconds timeout,
                                      SourceLocation where = SourceLocation::current()) {
     Completion c;
     if (wait(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
@@ -362,13 +362,13 @@ class Connection {
   /// latency-bound loop that must still notice a vanished peer at once (ECONNRESET within
   /// milliseconds of rdma_cm's DISCONNECTED), not when a request is flushed or times out.
   /// Uses the CPU until a completion comes or `timeout` passes.
-  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> spin(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              std::error_code& ec) noexcept;
   /// As above; throws ConnectError instead of setting an error_code (recording `where`).
-  std::span<Completion> spin(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> spin(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                              SourceLocation where = SourceLocation::current());
   /// One completion from `cq` by spin(), empty on timeout; throws ConnectError as spin() does.
-  std::optional<Completion> spin_one(CompletionQueue& cq, std::chrono::milliseconds timeout,
+  std::optional<Completion> spin_one(const CompletionQueue& cq, std::chrono::milliseconds timeout,
                                      SourceLocation where = SourceLocation::current()) {
     Completion c;
     if (spin(cq, std::span(&c, 1), timeout, where).empty()) return std::nullopt;
@@ -414,10 +414,10 @@ class Connection {
   friend class PendingAccept;
   explicit Connection(std::unique_ptr<Impl> impl) noexcept;
   /// wait() and spin().
-  std::span<Completion> wait_cq(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> wait_cq(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                                 std::error_code& ec, bool busy = false) noexcept;
   /// The throwing form of wait() and spin().
-  std::span<Completion> wait_or_throw(CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
+  std::span<Completion> wait_or_throw(const CompletionQueue& cq, std::span<Completion> out, std::chrono::milliseconds timeout,
                                       bool busy, SourceLocation where);
   std::unique_ptr<Impl> impl_;
 };

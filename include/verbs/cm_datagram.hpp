@@ -199,9 +199,9 @@ class Datagram {
   /// The protection domain (its own, or sharing DatagramOptions::pd's).
   [[nodiscard]] const ProtectionDomain& pd() const noexcept;
   /// The send completion queue.
-  [[nodiscard]] CompletionQueue& send_cq() noexcept;
+  [[nodiscard]] const CompletionQueue& send_cq() const noexcept;
   /// The receive completion queue.
-  [[nodiscard]] CompletionQueue& recv_cq() noexcept;
+  [[nodiscard]] const CompletionQueue& recv_cq() const noexcept;
   /// The UD queue pair, in RTS, to post on (posting is const: the QP stays the Datagram's).
   [[nodiscard]] const QueuePair& qp() const noexcept;
   /// The port bound (the one the system chose for port 0).

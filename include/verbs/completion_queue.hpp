@@ -330,7 +330,7 @@ class CompletionQueue {
 
   /// Polls up to out.size() completions; returns the filled front of `out`, empty when none is
   /// ready. Never allocates or blocks. On a device error (negative return) sets `ec`.
-  std::span<Completion> poll(std::span<Completion> out, std::error_code& ec) noexcept {
+  std::span<Completion> poll(std::span<Completion> out, std::error_code& ec) const noexcept {
     ec.clear();
     const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
     if (n < 0) [[unlikely]] {
@@ -340,13 +340,13 @@ class CompletionQueue {
     return out.first(static_cast<std::size_t>(n));
   }
   /// As above; throws Error only when the device reports a failure of the CQ itself.
-  std::span<Completion> poll(std::span<Completion> out) {
+  std::span<Completion> poll(std::span<Completion> out) const {
     const int n = ibv_poll_cq(cq_.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));  // NOLINT
     if (n < 0) [[unlikely]] throw_poll_error_(n);
     return out.first(static_cast<std::size_t>(n));
   }
   /// One completion if one is ready.
-  std::optional<Completion> poll_one() {
+  std::optional<Completion> poll_one() const {
     Completion c;
     if (poll(std::span(&c, 1)).empty()) return std::nullopt;
     return c;
@@ -356,11 +356,11 @@ class CompletionQueue {
   /// timeout. With a channel of its own it sleeps on the channel's fd; without one it
   /// busy-polls. On a shared channel (CqOptions::channel): Errc::bad_argument.
   ///@{
-  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
-  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout);
+  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout, std::error_code& ec) const noexcept;
+  std::span<Completion> wait(std::span<Completion> out, std::chrono::milliseconds timeout) const;
   ///@}
   /// One completion, waiting up to `timeout`; empty on timeout.
-  std::optional<Completion> wait_one(std::chrono::milliseconds timeout) {
+  std::optional<Completion> wait_one(std::chrono::milliseconds timeout) const {
     Completion c;
     if (wait(std::span(&c, 1), timeout).empty()) return std::nullopt;
     return c;
@@ -369,7 +369,7 @@ class CompletionQueue {
   /// Arms the channel for the next completion (ibv_req_notify_cq(3)). Requires a channel.
   /// Arming only reports completions that arrive after it: one that landed between the last
   /// empty poll and the arming raises no event. Prefer arm_and_poll(), which polls again.
-  void req_notify(bool solicited_only = false);
+  void req_notify(bool solicited_only = false) const;
   ///@{
   /// The one safe way to go to sleep on fd(): arms the CQ (ibv_req_notify_cq(3)), then polls
   /// once more, so a completion that landed between the caller's last empty poll and the arming
@@ -377,8 +377,8 @@ class CompletionQueue {
   /// at the next completion. CompletionQueue::wait and cm::Connection::wait use it. Requires a
   /// channel (else `ec` is Errc::bad_argument). The event loop is:
   ///   fd() readable -> consume_events() -> poll() until empty -> arm_and_poll() until empty -> sleep.
-  std::span<Completion> arm_and_poll(std::span<Completion> out, std::error_code& ec, bool solicited_only = false) noexcept;
-  std::span<Completion> arm_and_poll(std::span<Completion> out, bool solicited_only = false);
+  std::span<Completion> arm_and_poll(std::span<Completion> out, std::error_code& ec, bool solicited_only = false) const noexcept;
+  std::span<Completion> arm_and_poll(std::span<Completion> out, bool solicited_only = false) const;
   ///@}
   /// The end of handling an event, the arm-then-poll-again rule in one call: polls until the CQ
   /// is empty, arms it and polls once more, handing each non-empty batch (a front of `buf`) to
@@ -387,7 +387,7 @@ class CompletionQueue {
   /// `ec` and stops. Requires a channel (own or shared).
   template <typename F>
   std::size_t drain_and_arm(std::span<Completion> buf, F&& on_batch, std::error_code& ec,
-                            bool solicited_only = false) noexcept(noexcept(on_batch(buf))) {
+                            bool solicited_only = false) const noexcept(noexcept(on_batch(buf))) {
     std::size_t n = 0;
     for (;;) {
       std::span<Completion> got = poll(buf, ec);
@@ -405,8 +405,8 @@ class CompletionQueue {
   /// channel of its own (CqOptions::with_channel): on a shared one (CqOptions::channel) it
   /// fails with Errc::bad_argument, as would wait() (it would take the other CQs' events).
   ///@{
-  int consume_events();
-  int consume_events(std::error_code& ec) noexcept;
+  int consume_events() const;
+  int consume_events(std::error_code& ec) const noexcept;
   ///@}
   /// The completion channel's fd (non-blocking), for an event loop; -1 without a channel.
   [[nodiscard]] int fd() const noexcept;

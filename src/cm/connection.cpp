@@ -145,8 +145,8 @@ Connection::~Connection() = default;
 
 Device& Connection::device() noexcept { return *impl_->device; }
 const ProtectionDomain& Connection::pd() const noexcept { return *impl_->pd; }
-CompletionQueue& Connection::send_cq() noexcept { return *impl_->send_cq; }
-CompletionQueue& Connection::recv_cq() noexcept { return *impl_->recv_cq; }
+const CompletionQueue& Connection::send_cq() const noexcept { return *impl_->send_cq; }
+const CompletionQueue& Connection::recv_cq() const noexcept { return *impl_->recv_cq; }
 const QueuePair& Connection::qp() const noexcept { return *impl_->qp; }
 std::span<const std::byte> Connection::peer_private_data() const noexcept { return impl_->peer_private; }
 const std::optional<RemoteSlice>& Connection::peer_remote() const noexcept { return impl_->peer_remote; }
@@ -208,12 +208,12 @@ void Connection::disconnect(SourceLocation where) {
   if (rdma_disconnect(impl_->id.get()) != 0) fail(errno, Phase::established, "rdma_disconnect", where);
 }
 
-std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::wait(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
   return wait_cq(cq, out, timeout, ec, false);
 }
 
-std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::spin(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        std::error_code& ec) noexcept {
   return wait_cq(cq, out, timeout, ec, true);
 }
@@ -222,7 +222,7 @@ std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion
 // more (a completion can land between a poll and the event that ends the connection: the peer
 // saw our ACK, then left); only then does this side disconnect, flushing what is still posted,
 // and the wait fails.
-std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::wait_cq(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                           std::error_code& ec, bool busy) noexcept {
   Impl& c = *impl_;
   ec.clear();
@@ -276,17 +276,17 @@ std::span<Completion> Connection::wait_cq(CompletionQueue& cq, std::span<Complet
   }
 }
 
-std::span<Completion> Connection::wait(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::wait(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        SourceLocation where) {
   return wait_or_throw(cq, out, timeout, false, where);
 }
 
-std::span<Completion> Connection::spin(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::spin(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                        SourceLocation where) {
   return wait_or_throw(cq, out, timeout, true, where);
 }
 
-std::span<Completion> Connection::wait_or_throw(CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
+std::span<Completion> Connection::wait_or_throw(const CompletionQueue& cq, std::span<Completion> out, milliseconds timeout,
                                                 bool busy, SourceLocation where) {
   std::error_code ec;
   auto got = wait_cq(cq, out, timeout, ec, busy);

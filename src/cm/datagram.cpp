@@ -287,8 +287,8 @@ Datagram::~Datagram() = default;
 
 Device& Datagram::device() noexcept { return *impl_->device; }
 const ProtectionDomain& Datagram::pd() const noexcept { return *impl_->pd; }
-CompletionQueue& Datagram::send_cq() noexcept { return *impl_->send_cq; }
-CompletionQueue& Datagram::recv_cq() noexcept { return *impl_->recv_cq; }
+const CompletionQueue& Datagram::send_cq() const noexcept { return *impl_->send_cq; }
+const CompletionQueue& Datagram::recv_cq() const noexcept { return *impl_->recv_cq; }
 const QueuePair& Datagram::qp() const noexcept { return *impl_->qp; }
 std::uint16_t Datagram::port() const noexcept { return impl_->port; }
 std::string Datagram::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }

@@ -1847,7 +1847,7 @@ TEST_F(CmThreads, ASenderAndAReceiverWaitOnOneConnectionAndBothSeeTheDisconnect)
       Clock::time_point at;
     };
     // Waits on `cq` until the connection ends (or 20 s pass), counting successful completions.
-    const auto until_the_end = [&conn](CompletionQueue& cq) {
+    const auto until_the_end = [&conn](const CompletionQueue& cq) {
       Ended r;
       std::array<Completion, 8> wcs;
       const auto give_up = Clock::now() + 20s;

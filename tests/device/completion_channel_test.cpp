@@ -24,7 +24,7 @@ static_assert(std::is_nothrow_swappable_v<verbs::CompletionChannel>);
 static_assert(!std::is_copy_constructible_v<verbs::CompletionChannel>);
 
 /// Busy-polls `cq` for `n` completions (its own wait() is refused on a shared channel).
-std::vector<Completion> collect_polling(verbs::CompletionQueue& cq, std::size_t n) {
+std::vector<Completion> collect_polling(const verbs::CompletionQueue& cq, std::size_t n) {
   std::vector<Completion> out;
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (out.size() < n && std::chrono::steady_clock::now() < deadline)
@@ -118,7 +118,7 @@ TEST_F(CompletionChannel, ReadingItSaysWhichCqFired) {
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!(saw_a && saw_b) && std::chrono::steady_clock::now() < deadline) {
     for (const CqEvent& e : channel->wait(ev, 1s)) {
-      verbs::CompletionQueue& q = e.is(p.cq_a) ? p.cq_a : p.cq_b;
+      const verbs::CompletionQueue& q = e.is(p.cq_a) ? p.cq_a : p.cq_b;
       ASSERT_TRUE(e.is(q));
       EXPECT_EQ(e.context, e.is(p.cq_a) ? static_cast<void*>(&tag_a) : static_cast<void*>(&tag_b));
       (e.is(p.cq_a) ? saw_a : saw_b) = true;

@@ -39,7 +39,7 @@ class CompletionQueue : public DeviceTest {
 };
 
 /// Polls (never arms the channel) until one completion arrives or `timeout` passes.
-std::optional<Completion> poll_only(verbs::CompletionQueue& cq, std::chrono::milliseconds timeout) {
+std::optional<Completion> poll_only(const verbs::CompletionQueue& cq, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   do {
     if (auto c = cq.poll_one()) return c;
@@ -150,7 +150,7 @@ TEST_F(CompletionQueue, WaitWithoutChannelBusyPollsAndTimesOutEmpty) {
 
 TEST_F(CompletionQueue, ReqNotifyPollFdAndConsumeEventsDeliverEachCompletionOnce) {
   QpPair p = channel_pair();
-  verbs::CompletionQueue& cq = p.cq_a;
+  const verbs::CompletionQueue& cq = p.cq_a;
   cq.req_notify();
   EXPECT_EQ(wait_readable(cq.fd(), 0ms), 0);
 
@@ -185,7 +185,7 @@ TEST_F(CompletionQueue, ReqNotifyPollFdAndConsumeEventsDeliverEachCompletionOnce
 
 TEST_F(CompletionQueue, SolicitedOnlyArmingWakesOnlyForSolicitedSends) {
   QpPair p = channel_pair();
-  verbs::CompletionQueue& rcq = p.cq_b;
+  const verbs::CompletionQueue& rcq = p.cq_b;
   for (std::uint64_t id = 1; id <= 2; ++id) ASSERT_TRUE(posted(p.b.post_recv(dst->slice(id * 1024, 1024), id)));
   rcq.req_notify(true);
 

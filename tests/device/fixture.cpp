@@ -26,14 +26,14 @@ void DeviceTest::SetUp() {
   pd.emplace(*dev);
 }
 
-Completion expect_completion(CompletionQueue& cq, std::chrono::milliseconds timeout) {
+Completion expect_completion(const CompletionQueue& cq, std::chrono::milliseconds timeout) {
   Completion c;
   const auto got = cq.wait(std::span(&c, 1), timeout);
   EXPECT_EQ(got.size(), 1u) << "no completion within " << timeout.count() << " ms";
   return c;
 }
 
-std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout) {
+std::vector<Completion> collect(const CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout) {
   std::vector<Completion> out(n);
   std::size_t have = 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -48,7 +48,7 @@ std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono:
   return out;
 }
 
-void expect_no_completion(CompletionQueue& cq, std::chrono::milliseconds wait) {
+void expect_no_completion(const CompletionQueue& cq, std::chrono::milliseconds wait) {
   std::array<Completion, 8> buf;
   for (const Completion& c : cq.wait(buf, wait)) ADD_FAILURE() << "unexpected completion: " << describe(c);
 }

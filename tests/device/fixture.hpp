@@ -58,11 +58,11 @@ class RegionsTest : public DeviceTest {
 };
 
 /// Waits for exactly one completion on `cq`, failing the test (not hanging) after `timeout`.
-Completion expect_completion(CompletionQueue& cq, std::chrono::milliseconds timeout = 10s);
+Completion expect_completion(const CompletionQueue& cq, std::chrono::milliseconds timeout = 10s);
 /// Waits until `n` completions have arrived on `cq` (or the timeout passes) and returns them.
-std::vector<Completion> collect(CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout = 10s);
+std::vector<Completion> collect(const CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout = 10s);
 /// Fails the test if any completion arrives on `cq` within `wait` (evidence that nothing was posted).
-void expect_no_completion(CompletionQueue& cq, std::chrono::milliseconds wait = 300ms);
+void expect_no_completion(const CompletionQueue& cq, std::chrono::milliseconds wait = 300ms);
 
 /// A completion in one line, for failure messages.
 std::string describe(const Completion& c);

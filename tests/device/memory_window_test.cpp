@@ -44,7 +44,7 @@ class Window : public RegionsTest<64 * 1024> {
     target.emplace(MemoryRegion::allocate(*pd, 64 * 1024, all_access | Access::mw_bind));
   }
   /// Binds `w` to target[offset, offset + len) through `qp`, and waits for the bind's completion on `cq`.
-  void bind(MemoryWindow& w, verbs::QueuePair& qp, verbs::CompletionQueue& cq, std::size_t offset, std::size_t len,
+  void bind(MemoryWindow& w, verbs::QueuePair& qp, const verbs::CompletionQueue& cq, std::size_t offset, std::size_t len,
             verbs::AccessFlags access = kWindowRights) {
     ASSERT_TRUE(posted(w.bind(qp, *target, target->slice(offset, len), access, {.wr_id = 77})));
     const Completion c = expect_completion(cq);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -29,6 +30,24 @@ TEST(CmAccessors, TheQpOfAConnectionOrADatagramCannotBeMovedOut) {
   EXPECT_FALSE((std::is_constructible_v<verbs::QueuePair, std::remove_reference_t<DatagramQp>&&>));
   EXPECT_FALSE((std::is_assignable_v<ConnQp, verbs::QueuePair&&>));
   EXPECT_FALSE((std::is_assignable_v<DatagramQp, verbs::QueuePair&&>));
+}
+
+// Nor their CQs: polling and waiting on them, yes (const, as ibv_poll_cq is safe from several
+// threads); moving them out of the connection or Datagram, or resizing them, no.
+TEST(CmAccessors, TheCqsOfAConnectionOrADatagramCannotBeMovedOut) {
+  using ConnCq = decltype(std::declval<verbs::cm::Connection&>().send_cq());
+  using ConnRecvCq = decltype(std::declval<verbs::cm::Connection&>().recv_cq());
+  using DatagramCq = decltype(std::declval<verbs::cm::Datagram&>().recv_cq());
+  for (const bool movable : {std::is_constructible_v<verbs::CompletionQueue, std::remove_reference_t<ConnCq>&&>,
+                             std::is_constructible_v<verbs::CompletionQueue, std::remove_reference_t<ConnRecvCq>&&>,
+                             std::is_constructible_v<verbs::CompletionQueue, std::remove_reference_t<DatagramCq>&&>,
+                             std::is_assignable_v<ConnCq, verbs::CompletionQueue&&>,
+                             std::is_assignable_v<DatagramCq, verbs::CompletionQueue&&>})
+    EXPECT_FALSE(movable);
+  // What a waiter needs is there on the const reference.
+  using Polled = decltype(std::declval<ConnCq>().poll(std::declval<std::span<verbs::Completion>>()));
+  EXPECT_TRUE((std::is_same_v<Polled, std::span<verbs::Completion>>));
+  EXPECT_TRUE((std::is_same_v<decltype(std::declval<ConnCq>().wait_one(1ms)), std::optional<verbs::Completion>>));
 }
 
 /// A UDP socket on the loopback that takes queries and never answers, made the resolver's only

@@ -216,7 +216,7 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
     std::byte* out = mine.bytes().data();
     std::byte* back = out + kRegion;
     std::byte* msg = out + 2 * kRegion;
-    const auto done = [&](verbs::CompletionQueue& cq) {
+    const auto done = [&](const verbs::CompletionQueue& cq) {
       const auto wc = conn.wait_one(cq, op_timeout);
       if (!wc) throw std::runtime_error("no completion within " + std::to_string(o.op_timeout) + " s");
       wc->throw_if_failed();
