@@ -388,7 +388,8 @@ class Connection {
   [[nodiscard]] bool address_changed() const noexcept;
   /// Waits up to `timeout` for the connection to end, without throwing for a normal goodbye:
   /// true once rdma_cm's DISCONNECTED has arrived (the peer disconnected, or answered this
-  /// side's disconnect()) or the device was removed; false on timeout. The CQs are not read:
+  /// side's disconnect()), the device was removed, or (a connection accept() handed out
+  /// unconfirmed) the client never confirmed; false on timeout. The CQs are not read:
   /// completions stay for wait() or poll() (the QP is moved to ERR, so posted requests flush).
   /// Sets `ec` only when rdma_cm itself fails. Never blocks past `timeout`.
   bool wait_disconnected(std::chrono::milliseconds timeout, std::error_code& ec) noexcept;
@@ -556,9 +557,10 @@ class Listener {
   /// request, and accept() never blocks past `timeout` (accept(0ms) when fd() is readable suits
   /// an event loop). A connection handed out unconfirmed sees the confirmation as an event; if
   /// none comes within ListenOptions::handshake_timeout, or the client's handshake fails, the
-  /// client is taken to have gone: waits fail with ECONNABORTED (noticed by wait(), spin(),
-  /// wait_disconnected(), or a poll_events() called after that limit), and what it sent before
-  /// the client's QP was ready waits for a transport retry. A request whose client has gone, or whose
+  /// client is taken to have gone: wait() and spin() fail with ECONNABORTED, wait_disconnected()
+  /// returns true, connected() is false, and poll_events() returns false once called after that
+  /// limit (an event loop calls it then: no fd turns readable for it); what it sent before the
+  /// client's QP was ready waits for a transport retry. A request whose client has gone, or whose
   /// handshake failed already, is dropped, and the call goes on to the next request. Other
   /// events on the listener are skipped, but DEVICE_REMOVAL fails with ENODEV. Throws
   /// ConnectError (phase accept): ETIMEDOUT when no request came, EMSGSIZE for private data

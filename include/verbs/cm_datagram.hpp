@@ -151,7 +151,8 @@ class PendingJoin {
   [[nodiscard]] std::optional<DatagramPeer> step();
   [[nodiscard]] std::optional<DatagramPeer> step(std::error_code& ec) noexcept;
   ///@}
-  /// The Datagram's rdma_cm event channel fd (non-blocking); -1 once it is over.
+  /// The Datagram's rdma_cm event channel fd (non-blocking); -1 once it is over, and on an
+  /// EventChannel (DatagramOptions::channel: watch the channel's).
   [[nodiscard]] int fd() const noexcept;
   /// When the join's limit passes: call step() then, if fd() stayed silent.
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
@@ -175,8 +176,9 @@ class PendingJoin {
 /// address handle) lives on: those keep the device context through an id of their own.
 ///
 /// Threads: one thread at a time for resolve(), accept(), join(), start_join(), leave() and its
-/// PendingJoins (their steps, moves and destruction: they read one event channel and change the
-/// Datagram's joins); posting and polling follow the core's QueuePair and CompletionQueue rules.
+/// PendingJoins (their steps, moves and destruction: they change the Datagram's joins; on an
+/// EventChannel, other threads' reads of the channel hand the Datagram its events under the
+/// channel's lock); posting and polling follow the core's QueuePair and CompletionQueue rules.
 class Datagram {
  public:
   /// Binds to `address` (an address of the RDMA device; "0.0.0.0" or "::" is refused, since a

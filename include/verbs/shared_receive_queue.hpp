@@ -48,7 +48,8 @@ class SharedReceiveQueue {
   }
 
   /// Posts receives (ibv_post_srq_recv(3)). The buffers must stay valid until completed.
-  /// Fails with Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
+  /// Fails with Errc::too_many_slices (a RecvWr given more than max_wr_slices),
+  /// Errc::too_many_sge, or the errno of ibv_post_srq_recv (ENOMEM when full).
   /// An SRQ does not know the type of the QPs it serves: for UD QPs, each receive needs room
   /// for the 40-byte GRH before the payload, which is not checked here (QueuePair::post_recv
   /// checks it, Errc::ud_recv_too_small).

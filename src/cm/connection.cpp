@@ -54,14 +54,17 @@ void Connection::Impl::note(const Event& e) noexcept {
     never_confirmed = true;
     peer_gone = true;
   }
-  if (e.type == RDMA_CM_EVENT_DISCONNECTED) peer_gone = true;
+  if (e.type == RDMA_CM_EVENT_DISCONNECTED) {
+    confirmed = true;  // only a connected client sends a DREQ (its RTU was lost): it was connected
+    peer_gone = true;
+  }
   if (e.type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed = true;
   if (e.type == RDMA_CM_EVENT_ADDR_CHANGE) address_changed = true;
   if (over()) wake_all();
 }
 
 void Connection::Impl::expire() noexcept {
-  if (confirmed || Clock::now() < confirm_by || never_confirmed.exchange(true)) return;
+  if (confirmed || over() || Clock::now() < confirm_by || never_confirmed.exchange(true)) return;
   peer_gone = true;
   wake_all();
 }
@@ -156,7 +159,10 @@ RemoteSlice Connection::remote(SourceLocation where) const {
 }
 std::string Connection::peer_address() const { return address_text(rdma_get_peer_addr(impl_->id.get())); }
 std::string Connection::local_address() const { return address_text(rdma_get_local_addr(impl_->id.get())); }
-bool Connection::connected() const noexcept { return impl_->established && !impl_->over(); }
+bool Connection::connected() const noexcept {
+  const Impl& c = *impl_;
+  return c.established && !c.over() && (c.confirmed || Clock::now() < c.confirm_by);
+}
 bool Connection::address_changed() const noexcept { return impl_->address_changed; }
 int Connection::fd() const noexcept { return impl_->router->object_fd(); }
 rdma_cm_id* Connection::native_handle() const noexcept { return impl_->id.get(); }
@@ -238,6 +244,7 @@ std::span<Completion> Connection::wait_cq(const CompletionQueue& cq, std::span<C
     ec.assign(c.over_errno(), std::generic_category());
     return {};
   };
+  c.expire();          // a spin that never pumps still sees an unconfirmed client's limit pass
   unsigned spins = 0;  // per call: a count shared by threads would be a race on the data path
   int over_fd = -1;    // poll(2) skips -1
   for (bool first = true;; first = false) {

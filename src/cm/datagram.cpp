@@ -108,6 +108,11 @@ struct PendingJoin::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl() { end(); }
 
+  /// Out of the Datagram's joins in progress, which deliver() reads under the Router's mutex.
+  void unlist() noexcept {
+    const std::lock_guard lock(d->router->mutex());
+    std::erase(d->joining, this);
+  }
   /// Leaves the group unless it was joined, and lets go of the Datagram.
   void end() noexcept {
     if (d == nullptr) return;
@@ -137,6 +142,7 @@ struct PendingJoin::Impl {
                       .qkey = e.ud_qkey,
                       .private_data = {}};
     std::erase(d->lost, name);
+    unlist();  // before `g` moves: another thread's read of an EventChannel looks at it
     d->groups.push_back(std::move(g));
     done = true;
     end();
@@ -551,6 +557,7 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
   if (const int err = d.router->command([&] {
         return rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get());  // NOLINT
       })) {
+    j->unlist();  // before `g` goes: another thread's read of an EventChannel looks at it
     j->g.reset();  // nothing to leave
     j->end();
     fail(err, Phase::connect, "rdma_join_multicast(" + name + ")", where);

@@ -134,6 +134,10 @@ bool Listener::Impl::has_request() {
     const std::lock_guard lock(router->mutex());
     if (!inbox.events.empty()) return true;
   }
+  // A channel of its own holds only the listener's events (a handshake's are on a channel of its
+  // own once answered); an EventChannel's are everyone's, and the handshake's step() has just
+  // handed the listener what it read.
+  if (router->object_fd() < 0) return false;
   pollfd p{router->channel()->fd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 1;
 }
@@ -152,6 +156,7 @@ void Listener::Impl::sleep_with(Connection::Impl& c, Clock::time_point until, So
 }
 
 void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
+  (void)ChannelAccess::router_of(o.channel, nullptr, Phase::accept, "ConnectionOptions::channel", where);  // moved from?
   if (router->may_accept_onto(o.channel ? ChannelAccess::hub(o.channel->channel()).get() : nullptr)) return;
   fail(EINVAL, Phase::accept,
        "ConnectionOptions::channel names another EventChannel than the listener's (ListenOptions::channel): a "
@@ -291,17 +296,20 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
     std::optional<PendingAccept> pending;
     try {
       pending = start_accept(o, where);
-      while (pending) {
-        if (std::optional<Connection> c = pending->step()) return std::move(*c);
-        if (Clock::now() >= deadline || l.has_request()) return pending->impl_->unconfirmed();
-        l.sleep_with(*pending->impl_->c, std::min(deadline, pending->deadline()), where);
-      }
     } catch (const IdGone&) {
       continue;  // its client gave up: the next request
-    } catch (const ConnectError& e) {
-      if (!pending || e.phase() != Phase::accept) throw;
-      continue;  // its client left, or never confirmed: the next request
     }
+    while (pending) {
+      try {
+        if (std::optional<Connection> c = pending->step()) return std::move(*c);
+      } catch (const ConnectError& e) {
+        if (e.phase() != Phase::accept) throw;
+        break;  // its client left, or never confirmed: the next request
+      }
+      if (Clock::now() >= deadline || l.has_request()) return pending->impl_->unconfirmed();
+      l.sleep_with(*pending->impl_->c, std::min(deadline, pending->deadline()), where);
+    }
+    if (pending) continue;
     if (Clock::now() >= deadline)
       fail(ETIMEDOUT, Phase::accept, "no connection request within " + std::to_string(timeout.count()) + " ms", where);
     l.inbox.sleep(*l.router, deadline, Phase::accept, where);

@@ -2270,6 +2270,27 @@ TEST_F(Cm, AStalledHandshakeIsHandedOutWhenTheNextRequestComes) {
   EXPECT_EQ(got[1].peer_address(), client.local_address());
 }
 
+// An unconfirmed connection's limit does not rewrite an ending that came first (a local
+// disconnect() stays ENOTCONN, not ECONNABORTED), and once the limit has passed connected() says
+// so at once and even a spin that never reads the channel fails (it found nothing and went on).
+TEST_F(Cm, AnUnconfirmedConnectionsLimitIsSeenByEveryCallAndRewritesNoEarlierEnd) {
+  cm::Listener listener(test_addr(), 0, {.handshake_timeout = 1s});
+  cm::PendingConnect stalled_a = stalled_client(listener.port());
+  cm::PendingConnect stalled_b = stalled_client(listener.port());
+  std::this_thread::sleep_for(200ms);
+  cm::Connection a = listener.accept(0ms);
+  cm::Connection b = listener.accept(0ms);
+  a.disconnect();
+  std::this_thread::sleep_for(1500ms);
+  const auto ea = connect_error([&] { (void)a.wait_one(a.recv_cq(), 5s); });
+  ASSERT_TRUE(ea);
+  EXPECT_EQ(ea->code(), std::errc::not_connected) << ea->what();
+  EXPECT_FALSE(b.connected()) << "its limit passed";
+  const auto eb = connect_error([&] { (void)b.spin_one(b.recv_cq(), 0ms); });
+  ASSERT_TRUE(eb) << "spin_one(0ms) past the limit found the connection up";
+  EXPECT_EQ(eb->code(), std::errc::connection_aborted) << eb->what();
+}
+
 // A connection accept() handed out before its client confirmed (its timeout passed first) works
 // once the client does: its first receive (posted in before_handshake) takes the client's first
 // send.
