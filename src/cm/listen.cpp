@@ -4,10 +4,8 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
 
 namespace verbs::cm {
 
@@ -125,8 +123,6 @@ struct Listener::Impl {
   void check_channel(const ConnectionOptions& o, SourceLocation where) const;
   /// Whether a request (or another event) waits for the listener.
   [[nodiscard]] bool has_request();
-  /// Sleeps until the listener or the handshake `c` has news, or `until`.
-  void sleep_with(Connection::Impl& c, Clock::time_point until, SourceLocation where);
 };
 
 bool Listener::Impl::has_request() {
@@ -140,19 +136,6 @@ bool Listener::Impl::has_request() {
   if (router->object_fd() < 0) return false;
   pollfd p{router->channel()->fd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 1;
-}
-
-void Listener::Impl::sleep_with(Connection::Impl& c, Clock::time_point until, SourceLocation where) {
-  if (!inbox.arm(*router, Phase::accept, where) || !c.inbox.arm(*c.router, Phase::accept, where)) return;
-  std::array<pollfd, 4> fds{{{router->channel()->fd, POLLIN, 0},
-                             {inbox.fd, POLLIN, 0},
-                             {c.router->channel()->fd, POLLIN, 0},
-                             {c.inbox.fd, POLLIN, 0}}};
-  if (::poll(fds.data(), fds.size(), std::max(1, ms_until(until))) < 0 && errno != EINTR)
-    fail(errno, Phase::accept, "poll", where);
-  std::uint64_t n = 0;
-  (void)!::read(inbox.fd, &n, sizeof n);  // what they say is in the inboxes, which next() reads
-  (void)!::read(c.inbox.fd, &n, sizeof n);
 }
 
 void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
@@ -307,7 +290,9 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
         break;  // its client left, or never confirmed: the next request
       }
       if (Clock::now() >= deadline || l.has_request()) return pending->impl_->unconfirmed();
-      l.sleep_with(*pending->impl_->c, std::min(deadline, pending->deadline()), where);
+      Connection::Impl& c = *pending->impl_->c;
+      Inbox::sleep_on({{l.router.get(), &l.inbox}, {c.router.get(), &c.inbox}}, std::min(deadline, pending->deadline()),
+                      Phase::accept, where);
     }
     if (pending) continue;
     if (Clock::now() >= deadline)

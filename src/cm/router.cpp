@@ -273,12 +273,24 @@ bool Inbox::arm(Router& router, Phase phase, SourceLocation where) {
 }
 
 void Inbox::sleep(Router& router, Clock::time_point deadline, Phase phase, SourceLocation where) {
-  if (!arm(router, phase, where)) return;
-  std::array<pollfd, 2> fds{{{router.channel()->fd, POLLIN, 0}, {fd, POLLIN, 0}}};
-  if (::poll(fds.data(), fds.size(), std::max(1, ms_until(deadline))) < 0 && errno != EINTR)
-    fail(errno, phase, "poll", where);
-  std::uint64_t n = 0;
-  (void)!::read(fd, &n, sizeof n);  // what it says is in `events`, which next() reads
+  sleep_on({{&router, this}}, deadline, phase, where);
+}
+
+void Inbox::sleep_on(std::initializer_list<std::pair<Router*, Inbox*>> watched, Clock::time_point deadline, Phase phase,
+                     SourceLocation where) {
+  std::array<pollfd, 4> fds{};
+  if (watched.size() > fds.size() / 2) fail(EINVAL, phase, "Inbox::sleep_on: more than two inboxes", where);
+  std::size_t n = 0;
+  for (const auto& [router, inbox] : watched) {
+    if (!inbox->arm(*router, phase, where)) return;  // it has news already
+    fds[n++] = {router->channel()->fd, POLLIN, 0};
+    fds[n++] = {inbox->fd, POLLIN, 0};
+  }
+  if (::poll(fds.data(), n, std::max(1, ms_until(deadline))) < 0 && errno != EINTR) fail(errno, phase, "poll", where);
+  for (const auto& [router, inbox] : watched) {
+    std::uint64_t count = 0;
+    (void)!::read(inbox->fd, &count, sizeof count);  // what it says is in `events`, which next() reads
+  }
 }
 
 }  // namespace internal

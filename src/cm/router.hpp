@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -141,6 +142,9 @@ struct Inbox {
   bool arm(Router& router, Phase phase, SourceLocation where);
   /// Sleeps until the channel is readable or something is kept, or `deadline`.
   void sleep(Router& router, Clock::time_point deadline, Phase phase, SourceLocation where);
+  /// The same over up to two (router, inbox) pairs at once (an accept() and its handshake).
+  static void sleep_on(std::initializer_list<std::pair<Router*, Inbox*>> watched, Clock::time_point deadline,
+                       Phase phase, SourceLocation where);
 };
 
 /// The Router of an EventChannel (a friend of it).
