@@ -5,9 +5,10 @@
 # with `ctest -L wire`. Included from tests/CMakeLists.txt with the examples and bench built.
 #
 # The cases that leave the wire and both hosts as they found them (the examples, the tour, rping,
-# verbs-perf, compare) share one pair, booted once by the fixture twohost_pair
-# (tests/twohost/shared-pair): a boot of a pair took about 25 s of each such test. The faults and
-# the README's own commands boot pairs of their own.
+# verbs-perf, compare, the faults on the wire alone) share one pair, booted once by the fixture
+# twohost_pair (tests/twohost/shared-pair): a boot of a pair took about 25 s of each such test.
+# The faults that power host a off or change its MTU and the README's own commands boot pairs of
+# their own.
 set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
 set(verbs_twohost_state ${PROJECT_BINARY_DIR}/twohost-pair)
 set(verbs_twohost_shared ${verbs_twohost_run} --shared ${verbs_twohost_state})
@@ -68,8 +69,15 @@ endforeach()
 # with wrong data, as host b's kernel logged a WARNING in rxe_completer (rxe_comp.c:756); and after
 # a flap, three times, rdma_cm on that host answered no new connection request (its QP 1 still in
 # RTS). All three are rxe's; on a NIC the case is meaningful. The 12 s outage is therefore a cut wire (netem loss 100%), link_cut_fails.
-foreach(case loss1 loss5 delay reorder duplicate link_cut_survives link_cut_fails host_killed server_survives
-             connect_down_host connect_no_listener soak)
+# The cases that change only the wire (netem on eth0) share the pair: faults.sh takes its faults
+# away on exit, whatever happened, and each case first checks that the wire has none. Those that
+# power host a off or need another MTU boot pairs of their own.
+foreach(case loss1 loss5 delay reorder duplicate link_cut_survives link_cut_fails connect_no_listener soak)
+  list(APPEND verbs_twohost_shared_tests twohost.fault.${case})
+  add_test(NAME twohost.fault.${case}
+           COMMAND ${verbs_twohost_shared} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
+endforeach()
+foreach(case host_killed server_survives connect_down_host)
   add_test(NAME twohost.fault.${case}
            COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
 endforeach()
@@ -83,3 +91,8 @@ list(FILTER verbs_twohost_tests INCLUDE REGEX "^twohost\\.")
 set_tests_properties(${verbs_twohost_tests} PROPERTIES LABELS wire TIMEOUT 900 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
 list(APPEND verbs_twohost_shared_tests twohost.readme_tour twohost.readme_expose twohost.verbs_perf_verify twohost.compare)
 set_tests_properties(${verbs_twohost_shared_tests} PROPERTIES FIXTURES_REQUIRED twohost_pair)
+# A test that boots its own pair runs once the shared one is down: two pairs at once would be four
+# guests on two CPUs. (DEPENDS orders only: they run even when pair_down failed or is not chosen.)
+set(verbs_twohost_own_pairs ${verbs_twohost_tests})
+list(REMOVE_ITEM verbs_twohost_own_pairs ${verbs_twohost_shared_tests} twohost.pair_up twohost.pair_down)
+set_tests_properties(${verbs_twohost_own_pairs} PROPERTIES DEPENDS twohost.pair_down)
