@@ -39,9 +39,7 @@ struct PendingConnect::Impl {
     sockaddr_storage src{};
     if (!o.source_address.empty()) src = numeric_address(o.source_address, 0, Phase::resolve_address, where);
     c = std::make_unique<Connection::Impl>();
-    c->router = ChannelAccess::router_of(
-        o.connection.channel, o.connection.channel ? nullptr : Router::make(false, Phase::resolve_address, where),
-        Phase::resolve_address, "ConnectionOptions::channel", where);
+    c->router = ChannelAccess::router_or_own(o.connection.channel, Phase::resolve_address, "ConnectionOptions::channel", where);
     c->id = c->router->make_id(RDMA_PS_TCP, Phase::resolve_address, where);
     c->join(ChannelAccess::key_of(o.connection.channel));
     o.connection.channel.reset();  // read here only: the caller's may go
@@ -147,9 +145,7 @@ struct PendingConnect::Impl {
     if (!c) fail(ENOTCONN, phase, "PendingConnect::step: the connect is over (its Connection was returned)", where);
     try {
       for (;;) {
-        std::error_code ec;
-        std::optional<Event> e = c->next(ec);  // never waits
-        if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
+        std::optional<Event> e = c->inbox.next(*c->router, phase, where);  // never waits
         if (!e) {
           if (Clock::now() >= step_deadline) timed_out();
           return std::nullopt;
@@ -195,7 +191,7 @@ Connection connect(std::string_view host, std::uint16_t port, const ClientOption
       PendingConnect::Impl::begin(looked_up_address(host, port, Phase::resolve_address, where), host, port, o, where);
   for (;;) {
     if (auto c = pending.step()) return std::move(*c);
-    pending.impl_->c->wait_handshake(pending.deadline(), pending.phase(), where);
+    pending.impl_->c->inbox.sleep(*pending.impl_->c->router, pending.deadline(), pending.phase(), where);
   }
 }
 
@@ -215,12 +211,10 @@ Device device_to(std::string_view host, milliseconds timeout, SourceLocation whe
     fail(errno, Phase::resolve_address, std::string(host) + ": rdma_resolve_addr", where);
   const auto deadline = detail::deadline_after(timeout);
   for (;;) {
-    std::error_code ec;
-    if (std::optional<Event> e = inbox.next(*router, ec)) {
+    if (std::optional<Event> e = inbox.next(*router, Phase::resolve_address, where)) {
       (void)check_event(std::move(*e), RDMA_CM_EVENT_ADDR_RESOLVED, Phase::resolve_address, where);
       return device_of(id->verbs, Phase::resolve_address, where);
     }
-    if (ec) fail(ec.value(), Phase::resolve_address, "rdma_get_cm_event", where);
     if (Clock::now() >= deadline) fail_no_answer(Phase::resolve_address, timeout, where);
     inbox.sleep(*router, deadline, Phase::resolve_address, where);
   }

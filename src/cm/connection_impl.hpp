@@ -133,12 +133,6 @@ struct Connection::Impl {
   /// Joins the routes of `router` (the id is made or moved there by the caller), with what came
   /// for it meanwhile (`earlier`).
   void join(std::uint64_t key, std::vector<Event> earlier = {});
-  /// The handshake's next event, without blocking; empty with `ec` clear when there is none yet.
-  std::optional<Event> next(std::error_code& ec) { return inbox.next(*router, ec); }
-  /// Sleeps until the handshake may have news, or `deadline`.
-  void wait_handshake(internal::Clock::time_point deadline, Phase phase, SourceLocation where) {
-    inbox.sleep(*router, deadline, phase, where);
-  }
   /// Once this side is connected: events from now on are noted as they come.
   void on_established();
   /// What an event of the established connection changes: a disconnect, a device removal.

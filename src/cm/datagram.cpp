@@ -156,9 +156,7 @@ struct PendingJoin::Impl {
       if (d == nullptr) fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
       d->leave_dropped();  // what an earlier step read for the Datagram (a group it dropped)
       for (;;) {
-        std::error_code ec;
-        std::optional<Event> e = inbox.next(*d->router, ec);
-        if (ec) fail(ec.value(), Phase::connect, "rdma_get_cm_event", where);
+        std::optional<Event> e = inbox.next(*d->router, Phase::connect, where);
         if (!e) break;
         if (auto peer = on_event(std::move(*e))) return peer;
       }
@@ -178,10 +176,7 @@ Datagram::Impl::~Impl() {
   if (on_router) {
     router->remove(id.get());
     for (const Event& e : requests.events)  // resolve() requests never answered: refused
-      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        (void)router->take_parked(e.id);
-        Router::refuse(e.id);
-      }
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) router->refuse_request(e.id);
   }
   // Joins in progress are left first, and told that the Datagram is gone.
   while (!joining.empty()) joining.back()->end();
@@ -261,8 +256,7 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
              "' (its QP lives on one device); nothing was made",
          where);
   Impl& d = *impl_;
-  d.router = ChannelAccess::router_of(o.channel, o.channel ? nullptr : Router::make(false, Phase::listen, where),
-                                      Phase::listen, "DatagramOptions::channel", where);
+  d.router = ChannelAccess::router_or_own(o.channel, Phase::listen, "DatagramOptions::channel", where);
   d.id = d.router->make_id(RDMA_PS_UDP, Phase::listen, where);
   d.router->add(d.id.get(), {&d, &Impl::deliver, ChannelAccess::key_of(o.channel)});
   d.on_router = true;
@@ -396,9 +390,7 @@ struct PendingResolve::Impl {
     if (!id) fail(ENOTCONN, phase, "PendingResolve::step: the resolve of " + target + " is over (its peer was returned)", where);
     try {
       for (;;) {
-        std::error_code ec;
-        std::optional<Event> e = inbox.next(*router, ec);  // never waits
-        if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
+        std::optional<Event> e = inbox.next(*router, phase, where);  // never waits
         if (!e) {
           if (Clock::now() >= step_deadline)
             fail_no_answer(phase, phase == Phase::connect ? o.timeout : o.resolve_timeout, where);
@@ -501,9 +493,7 @@ std::optional<DatagramRequest> Datagram::poll_accept(std::span<const std::byte> 
   if (!impl_->listening) fail(EINVAL, Phase::accept, "Datagram::accept: call listen() first", where);
   impl_->leave_dropped();
   for (;;) {
-    std::error_code ec;
-    std::optional<Event> req = impl_->requests.next(*impl_->router, ec);  // never waits
-    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+    std::optional<Event> req = impl_->requests.next(*impl_->router, Phase::accept, where);  // never waits
     if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       fail(ENODEV, Phase::accept, "the Datagram's RDMA device was removed (DEVICE_REMOVAL)", where);

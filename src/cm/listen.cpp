@@ -23,9 +23,7 @@ struct PendingAccept::Impl {
     if (failed) std::rethrow_exception(failed);
     if (!c) fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
     try {
-      std::error_code ec;
-      std::optional<Event> e = c->next(ec);  // never waits
-      if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+      std::optional<Event> e = c->inbox.next(*c->router, Phase::accept, where);  // never waits
       if (!e) {
         if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
         return std::nullopt;
@@ -95,12 +93,8 @@ struct Listener::Impl {
     if (!on_router) return;
     // Requests handed over and not taken: refused, so that their clients hear at once (the
     // kernel does the same with those still in the channel when the id goes).
-    const std::vector<Event> left = router->remove_taking(id.get(), inbox);
-    for (const Event& e : left) {
-      if (e.type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
-      (void)router->take_parked(e.id);
-      Router::refuse(e.id);
-    }
+    for (const Event& e : router->remove_taking(id.get(), inbox))
+      if (e.type == RDMA_CM_EVENT_CONNECT_REQUEST) router->refuse_request(e.id);
   }
 
   /// The listener's route (Router::Deliver): the kernel's backlog ends where the channel is
@@ -139,7 +133,7 @@ bool Listener::Impl::has_request() {
 }
 
 void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation where) const {
-  (void)ChannelAccess::router_of(o.channel, nullptr, Phase::accept, "ConnectionOptions::channel", where);  // moved from?
+  (void)ChannelAccess::router_of(o.channel, Phase::accept, "ConnectionOptions::channel", where);  // moved from?
   if (router->may_accept_onto(o.channel ? ChannelAccess::hub(o.channel->channel()).get() : nullptr)) return;
   fail(EINVAL, Phase::accept,
        "ConnectionOptions::channel names another EventChannel than the listener's (ListenOptions::channel): a "
@@ -161,11 +155,10 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
     pending->budget = handshake_timeout;
     pending->deadline = detail::deadline_after(pending->budget);
     pending->where = where;
-    c->router = router->onto(ChannelAccess::router_of(o->channel, nullptr, Phase::accept, "ConnectionOptions::channel", where),
+    c->router = router->onto(ChannelAccess::router_of(o->channel, Phase::accept, "ConnectionOptions::channel", where),
                              Phase::accept, where);
   } catch (...) {
-    (void)router->take_parked(req.id);
-    Router::refuse(req.id);
+    router->refuse_request(req.id);
     throw;
   }
   c->id = c->router->own(req.id);  // (should it fail to allocate, its deleter destroys the id)
@@ -213,8 +206,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
     : impl_(std::make_unique<Impl>()) {
   Impl& l = *impl_;
   const sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
-  l.router = ChannelAccess::router_of(options.channel, options.channel ? nullptr : Router::make(false, Phase::listen, where),
-                                      Phase::listen, "ListenOptions::channel", where);
+  l.router = ChannelAccess::router_or_own(options.channel, Phase::listen, "ListenOptions::channel", where);
   l.id = l.router->make_id(RDMA_PS_TCP, Phase::listen, where);
   l.backlog = static_cast<std::size_t>(std::max(1, options.backlog));
   l.router->add(l.id.get(), {&l, &Impl::deliver, ChannelAccess::key_of(options.channel)});  // routed before it listens
@@ -252,9 +244,7 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
   check_options(o, Phase::accept, where);
   impl_->check_channel(o, where);
   for (;;) {
-    std::error_code ec;
-    std::optional<Event> req = impl_->inbox.next(*impl_->router, ec);  // never waits
-    if (ec) fail(ec.value(), Phase::accept, "rdma_get_cm_event", where);
+    std::optional<Event> req = impl_->inbox.next(*impl_->router, Phase::accept, where);  // never waits
     if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);

@@ -247,8 +247,8 @@ bool Inbox::keep(Event&& e) noexcept {
   return kept;
 }
 
-std::optional<Event> Inbox::next(Router& router, std::error_code& ec) {
-  ec.clear();
+std::optional<Event> Inbox::next(Router& router, Phase phase, SourceLocation where) {
+  std::error_code ec;
   const auto take = [&]() -> std::optional<Event> {
     const std::lock_guard lock(router.mutex());
     if (lost) ec = std::make_error_code(std::errc::not_enough_memory);
@@ -257,10 +257,13 @@ std::optional<Event> Inbox::next(Router& router, std::error_code& ec) {
     events.erase(events.begin());
     return e;
   };
-  if (auto e = take(); e || ec) return e;  // handed over already (another reader read it)
-  router.pump(ec, this);
-  if (ec) return std::nullopt;
-  return take();
+  std::optional<Event> e = take();  // handed over already (another reader read it)?
+  if (!e && !ec) {
+    router.pump(ec, this);
+    if (!ec) e = take();
+  }
+  if (ec) fail(ec.value(), phase, "rdma_get_cm_event", where);
+  return e;
 }
 
 bool Inbox::arm(Router& router, Phase phase, SourceLocation where) {
@@ -303,9 +306,9 @@ int EventChannel::fd() const noexcept { return hub_ ? hub_->loop_fd() : -1; }
 rdma_event_channel* EventChannel::native_handle() const noexcept { return hub_ ? hub_->channel() : nullptr; }
 
 namespace internal {
-std::shared_ptr<Router> ChannelAccess::router_of(const std::optional<ChannelKey>& k, std::shared_ptr<Router> fallback,
-                                                 Phase phase, const char* field, SourceLocation where) {
-  if (!k) return fallback;
+std::shared_ptr<Router> ChannelAccess::router_of(const std::optional<ChannelKey>& k, Phase phase, const char* field,
+                                                 SourceLocation where) {
+  if (!k) return nullptr;
   std::shared_ptr<Router> r = k->channel().hub_;
   if (!r) fail(EINVAL, phase, std::string(field) + ": its EventChannel is empty (moved from)", where);
   return r;

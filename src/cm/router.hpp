@@ -96,6 +96,11 @@ class Router : public std::enable_shared_from_this<Router> {
   }
   /// Rejects and destroys a connection request nobody keeps: the client hears at once.
   static void refuse(rdma_cm_id* id) noexcept;
+  /// refuse() for a request taken off this Router, what was parked for it dropped.
+  void refuse_request(rdma_cm_id* id) noexcept {
+    (void)take_parked(id);
+    refuse(id);
+  }
 
  private:
   static bool park(void* self, Event&& e) noexcept;
@@ -135,8 +140,9 @@ struct Inbox {
   /// Under the mutex: keeps `e` (false, and `lost`, when it cannot) and wakes a sleeper.
   bool keep(Event&& e) noexcept;
   /// The next event without blocking: one kept already, else one this read of the channel hands
-  /// over. Empty with `ec` clear when there is none; ENOMEM once one was lost.
-  std::optional<Event> next(Router& router, std::error_code& ec);
+  /// over; empty when there is none. Throws ConnectError: the read's errno, or ENOMEM once an
+  /// event was lost.
+  std::optional<Event> next(Router& router, Phase phase, SourceLocation where);
   /// Before sleeping on several inboxes at once: makes `fd` (under the mutex keep() runs under)
   /// and says whether to sleep (false: something was kept already). Throws ConnectError.
   bool arm(Router& router, Phase phase, SourceLocation where);
@@ -150,10 +156,15 @@ struct Inbox {
 /// The Router of an EventChannel (a friend of it).
 struct ChannelAccess {
   static const std::shared_ptr<Router>& hub(const EventChannel& c) noexcept { return c.hub_; }
-  /// The Router of an options' `channel`: `fallback` when there is none; EINVAL naming `field`
-  /// when its EventChannel is empty (moved from).
-  static std::shared_ptr<Router> router_of(const std::optional<ChannelKey>& k, std::shared_ptr<Router> fallback,
-                                           Phase phase, const char* field, SourceLocation where);
+  /// The Router of an options' `channel`: null when there is none; EINVAL naming `field` when
+  /// its EventChannel is empty (moved from).
+  static std::shared_ptr<Router> router_of(const std::optional<ChannelKey>& k, Phase phase, const char* field,
+                                           SourceLocation where);
+  /// router_of(), or a channel of the object's own when there is none.
+  static std::shared_ptr<Router> router_or_own(const std::optional<ChannelKey>& k, Phase phase, const char* field,
+                                               SourceLocation where) {
+    return k ? router_of(k, phase, field, where) : Router::make(false, phase, where);
+  }
   static std::uint64_t key_of(const std::optional<ChannelKey>& k) noexcept { return k ? k->value() : 0; }
 };
 
