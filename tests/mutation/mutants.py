@@ -503,6 +503,49 @@ MUTANTS = [
         "why": "private data length off by one: an answer one byte over max_answer_private_data is not refused; "
                "CmDatagram.BadOptionsAreRefusedBeforeAnythingIsMadeOrSent expects EMSGSIZE from accept(10ms, 137 bytes)",
     },
+    {
+        "id": "cm-accept-waits-out-a-stalled-handshake",
+        "file": "src/cm/listen.cpp",
+        "from": "if (Clock::now() >= deadline || l.has_request()) return pending->impl_->unconfirmed();",
+        "to": "if (Clock::now() >= deadline) return pending->impl_->unconfirmed();",
+        "suite": "device",
+        "tests": r"^Cm\.AStalledHandshakeIsHandedOutWhenTheNextRequestComes$",
+        "why": "a lost wakeup of the passive side: accept() no longer looks for another request while it waits "
+               "for a client's confirmation, so a stalled client holds the next one up to handshake_timeout; "
+               "Cm.AStalledHandshakeIsHandedOutWhenTheNextRequestComes expects both accept()s within 3 s",
+    },
+    {
+        "id": "cm-unconfirmed-connection-never-expires",
+        "file": "src/cm/connection.cpp",
+        "from": "Clock::now() < confirm_by ||",
+        "to": "Clock::now() < confirm_by + std::chrono::hours(1) ||",
+        "suite": "device",
+        "tests": r"^Cm\.(AClientThatStopsMidHandshakeHoldsUpNoAccept|AnUnconfirmedConnectionsLimitIsSeenByEveryCallAndRewritesNoEarlierEnd)$",
+        "why": "a deadline ignored: a connection accept() handed out unconfirmed waits for a client that never "
+               "confirms; Cm.AClientThatStopsMidHandshakeHoldsUpNoAccept expects its wait to fail with ECONNABORTED "
+               "within 10 s, Cm.AnUnconfirmedConnectionsLimitIsSeenByEveryCallAndRewritesNoEarlierEnd connected() false",
+    },
+    {
+        "id": "cm-accept-fails-on-a-request-whose-client-left",
+        "file": "src/cm/listen.cpp",
+        "from": "continue;  // its client gave up: the next request",
+        "to": "throw;  // its client gave up: the next request",
+        "suite": "device",
+        "tests": r"^Cm\.ARequestWhoseClientLeftIsSkippedByAccept$",
+        "why": "accept() fails (EINVAL from rdma_accept) on a request whose client has gone instead of taking "
+               "the next; Cm.ARequestWhoseClientLeftIsSkippedByAccept expects the next client's connection",
+    },
+    {
+        "id": "sendwr-copies-only-its-first-slice",
+        "file": "include/verbs/work_request.hpp",
+        "from": "for (std::size_t i = 0; i < s.size(); ++i) sge_[i] = s[i].native();",
+        "to": "for (std::size_t i = 0; i < s.size() && i < 1; ++i) sge_[i] = s[i].native();",
+        "suite": "host",
+        "tests": r"^(SendWr\.SpanFormsCopyTheCallersSlices|QueuePairStub\.AChainOfMultiSgeRequestsPostsItsSlicesAfterTheCallersArrayIsReused|QueuePairStub\.AKeptMultiSgeRequestPostedAloneCarriesItsSlices)$",
+        "why": "a multi-SGE SendWr keeps only its first slice (the rest of its SGEs never written): what it posts "
+               "reads unwritten entries; SendWr.SpanFormsCopyTheCallersSlices and the kept-request posting tests "
+               "compare every SGE with the caller's slices",
+    },
 ]
 
 
