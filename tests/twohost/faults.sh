@@ -67,6 +67,11 @@ cleanup() {
     kill "$spid" 2>/dev/null
   fi
   wait  # a fault still being made on host a (the wire cuts) is made before it is taken away
+  # The server gone before the next case starts one on its port (a kill is only asked for).
+  if [[ -n $spid && ! -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
+    "$pair" wait server 30 >/dev/null 2>&1
+    (($? == 124)) && { echo "FAIL: the server on host a did not end within 30 s of its kill"; failed=1; }
+  fi
   tc qdisc del dev eth0 root 2>/dev/null
   if ((a_wire)) && [[ ! -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
     "$pair" run -t 60 sh -c 'tc qdisc del dev eth0 root 2>/dev/null; ! tc qdisc show dev eth0 | grep netem' ||
@@ -76,9 +81,14 @@ cleanup() {
   ((failed == 0)) || exit 1
 }
 trap cleanup EXIT
-# ... and checks that it found this host's so (host a's is taken away by whoever put it there):
-# on a faulty wire a case would measure an earlier case's fault, not its own.
+# ... and checks that it found them so, on both hosts: on a faulty wire a case would measure an
+# earlier case's fault, not its own.
 [[ $(tc qdisc show dev eth0) == *netem* ]] && { echo "FAIL: this host's eth0 has a netem qdisc an earlier test left"; exit 1; }
+if ! "$pair" run -t 60 sh -c '! tc qdisc show dev eth0 | grep netem'; then
+  a_wire=1  # taken away on exit: the cases after this one find a clean wire
+  echo "FAIL: host a's eth0 has a netem qdisc an earlier test left (or host a did not answer)"
+  exit 1
+fi
 fail() {
   echo "FAIL: $*"
   failed=1

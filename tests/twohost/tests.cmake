@@ -70,7 +70,7 @@ endforeach()
 # a flap, three times, rdma_cm on that host answered no new connection request (its QP 1 still in
 # RTS). All three are rxe's; on a NIC the case is meaningful. The 12 s outage is therefore a cut wire (netem loss 100%), link_cut_fails.
 # The cases that change only the wire (netem on eth0) share the pair: faults.sh takes its faults
-# away on exit, whatever happened, and each case first checks that the wire has none. Those that
+# away on exit, whatever happened, and each case first checks that both hosts' eth0 have none. Those that
 # power host a off or need another MTU boot pairs of their own.
 foreach(case loss1 loss5 delay reorder duplicate link_cut_survives link_cut_fails connect_no_listener soak)
   list(APPEND verbs_twohost_shared_tests twohost.fault.${case})
