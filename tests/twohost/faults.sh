@@ -6,7 +6,8 @@
 #
 # Usage: faults.sh CASE WIRE_PEER VERBS_INFO
 # Each of loss1, loss5, delay, reorder, duplicate and soak first runs its traffic with no fault (a
-# control, whose rxe counters must stay at 0), then with the fault, whose counters must show it.
+# control, whose rxe counters must stay at 0; an unclean one runs again, up to 3 in all), then
+# with the fault, whose counters must show it.
 #   loss1, loss5          netem loss of 1% / 5% on both hosts' eth0: every round completes, checked
 #                         (loss5 with messages of at most 4 KiB: see there); netem dropped packets
 #                         and rxe recovered
