@@ -190,10 +190,8 @@ bool Connection::wait_disconnected(milliseconds timeout, std::error_code& ec) no
       return true;
     }
     if (Clock::now() >= deadline) return false;
-    const int left = std::max(1, ms_until(c.wake_by(deadline)));
-    if (left <= 0) return false;
     std::array<pollfd, 2> fds{{{c.router->channel()->fd, POLLIN, 0}, {gone_fd, POLLIN, 0}}};
-    if (::poll(fds.data(), fds.size(), left) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), std::max(1, ms_until(c.wake_by(deadline)))) < 0 && errno != EINTR) {
       ec.assign(errno, std::generic_category());
       return false;
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,28 +19,45 @@
 namespace verbs::cm {
 namespace internal {
 
-/// Fails (EINVAL) unless `given` is non-empty and on the device context `ctx`: `what` names the
-/// option, `owner` what it is for ("the connection", "the Datagram"), `remedy` how to make a
-/// right one.
-template <typename T>
-void check_same_context(const T* given, ibv_context* ctx, std::string_view what, std::string_view owner,
-                        std::string_view remedy, Phase phase, SourceLocation where) {
-  if (given->native_handle() == nullptr)
-    fail(EINVAL, phase, std::string(what) + " is empty (a moved-from object)", where);
-  if (given->native_handle()->context != ctx)
-    fail(EINVAL, phase,
-         std::string(what) + " is on another device context than " + std::string(owner) + ": " + std::string(remedy),
-         where);
-}
+/// What an RC connection and a Datagram hold alike. Members go in reverse order: the QP before
+/// the CQs and PD, the id and its Router last.
+struct Endpoint {
+  std::shared_ptr<Router> router;  // its own channel's, or an EventChannel's: the id's deleter leaves it
+  std::shared_ptr<rdma_cm_id> id;
+  std::optional<Device> device;
+  // Its own, or sharing the ownership of the caller's (the options' pd, send_cq, recv_cq): the
+  // caller's objects may be moved or destroyed while it lives.
+  std::optional<ProtectionDomain> pd;
+  std::optional<CompletionQueue> send_cq, recv_cq;
+  std::optional<QueuePair> qp;
 
-/// The PD and CQs of a connection or a Datagram on `dev`: those the caller shares (`pd`,
-/// `send_cq`, `recv_cq`, each checked with check_same_context, `prefix` naming its options),
-/// else new ones (CQs of `cq_depth` entries with a completion channel).
-void make_pd_and_cqs(const Device& dev, const ProtectionDomain* pd, const CompletionQueue* send_cq,
-                     const CompletionQueue* recv_cq, int cq_depth, std::string_view prefix, std::string_view owner,
-                     std::string_view remedy, Phase phase, SourceLocation where,
-                     std::optional<ProtectionDomain>& pd_out, std::optional<CompletionQueue>& send_out,
-                     std::optional<CompletionQueue>& recv_out);
+  /// `device` (the id's), and the PD and CQs of `o` (ConnectionOptions or DatagramOptions): those
+  /// it shares, else new ones (CQs with a completion channel). A shared one, or an SRQ, that is
+  /// empty or on another device fails (EINVAL) naming `prefix` and its field, `owner`, `remedy`.
+  template <typename Options>
+  void open(const Options& o, std::string_view prefix, std::string_view owner, std::string_view remedy, Phase phase,
+            SourceLocation where) {
+    device.emplace(device_of(id->verbs, phase, where));
+    const auto shared = [&](const auto* given, std::string_view field) {
+      const std::string what = std::string(prefix) + std::string(field);
+      if (given != nullptr && given->native_handle() == nullptr)
+        fail(EINVAL, phase, what + " is empty (a moved-from object)", where);
+      if (given != nullptr && given->native_handle()->context != id->verbs)
+        fail(EINVAL, phase,
+             what + " is on another device context than " + std::string(owner) + " (" + device->name() +
+                 "): " + std::string(remedy), where);
+      return given != nullptr;
+    };
+    (void)shared(o.qp.srq, "qp.srq");
+    const CqOptions cqo{.depth = o.cq_depth, .with_channel = true};
+    if (shared(o.pd, "pd")) pd.emplace(ProtectionDomain::adopt(o.pd->shared_handle(), where));
+    else pd.emplace(*device, where);
+    if (shared(o.send_cq, "send_cq")) send_cq.emplace(CompletionQueue::adopt(o.send_cq->shared_handle()));
+    else send_cq.emplace(*device, cqo, where);
+    if (shared(o.recv_cq, "recv_cq")) recv_cq.emplace(CompletionQueue::adopt(o.recv_cq->shared_handle()));
+    else recv_cq.emplace(*device, cqo, where);
+  }
+};
 
 /// Checks of the options that need no device, made before anything is sent or waited for.
 void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where);
@@ -55,19 +73,34 @@ std::vector<std::byte> frame_with_mtu(const ConnectionOptions& o, std::size_t li
 rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::byte>& data, const Device& dev,
                            const QueuePair& qp, const Event* request = nullptr);
 
+/// Address and route resolution of an id toward `target` (the active side's, a Datagram's
+/// resolve, device_to()), one event at a time: each resolution within `each`, the whole (to
+/// establishment) within `whole`.
+struct Resolution {
+  std::string target;  // "host:port", named in its errors
+  milliseconds whole{}, each{};
+  Phase phase = Phase::resolve_address;
+  Clock::time_point deadline{}, step_deadline{};  // the whole's, and the phase's
+
+  /// Sends rdma_resolve_addr(3) for `id` from `src` (null: as routed) to `dst`.
+  void start(Router& r, rdma_cm_id* id, const sockaddr_storage* src, sockaddr_storage dst, SourceLocation where);
+  /// Checks `e` against the phase: ADDR_RESOLVED (the caller then calls resolve_route()), or
+  /// ROUTE_RESOLVED (the phase is then connect, until `deadline`). Returns the phase it ended.
+  Phase check(Event e, SourceLocation where);
+  /// Sends rdma_resolve_route(3).
+  void resolve_route(Router& r, rdma_cm_id* id, SourceLocation where);
+  /// ETIMEDOUT: nothing came by step_deadline.
+  [[noreturn]] void timed_out(SourceLocation where) const;
+  /// ConnectError(err) in the phase, saying "target: text".
+  [[noreturn]] void fail(int err, const std::string& text, SourceLocation where) const;
+  /// A librdmacm timeout: `each`, within what is left of the whole.
+  [[nodiscard]] int each_ms() const { return std::max(1, std::min(ms_until(deadline), clamp_ms(each))); }
+};
+
 }  // namespace internal
 
-struct Connection::Impl {
+struct Connection::Impl : internal::Endpoint {
   using Event = internal::Event;
-  // Its Router (its own channel's, or an EventChannel's): the id's deleter leaves it.
-  std::shared_ptr<internal::Router> router;
-  std::shared_ptr<rdma_cm_id> id;
-  std::optional<Device> device;
-  // Its own, or sharing the ownership of the caller's (ConnectionOptions::pd, send_cq,
-  // recv_cq): the caller's objects may be moved or destroyed while the connection lives.
-  std::optional<ProtectionDomain> pd;
-  std::optional<CompletionQueue> send_cq, recv_cq;
-  std::optional<QueuePair> qp;
   std::vector<std::byte> peer_private;
   std::optional<RemoteSlice> peer_remote;
   AccessFlags access;
@@ -118,6 +151,10 @@ struct Connection::Impl {
   // ---- the qp room (connection_qp.cpp) ----
   /// Creates PD (unless shared), CQs (unless shared) and the QP on the id's device, in INIT.
   void build(const ConnectionOptions& o, Phase phase, SourceLocation where);
+  /// build(), then `before` (the caller's before_handshake, which may expose a buffer in `o`),
+  /// and the private data to send, checked and framed within `limit`.
+  std::vector<std::byte> prepare(const std::function<void(const Handshake&)>& before, ConnectionOptions& o,
+                                 std::size_t limit, Phase phase, SourceLocation where);
   /// Moves the QP to `state` with what rdma_cm knows and what is this side's to choose.
   void transition(ibv_qp_state state, Phase phase, SourceLocation where);
   /// The largest path MTU this side takes, given the route's.

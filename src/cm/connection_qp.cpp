@@ -8,32 +8,6 @@
 namespace verbs::cm {
 namespace internal {
 
-void make_pd_and_cqs(const Device& dev, const ProtectionDomain* pd, const CompletionQueue* send_cq,
-                     const CompletionQueue* recv_cq, int cq_depth, std::string_view prefix, std::string_view owner,
-                     std::string_view remedy, Phase phase, SourceLocation where,
-                     std::optional<ProtectionDomain>& pd_out, std::optional<CompletionQueue>& send_out,
-                     std::optional<CompletionQueue>& recv_out) {
-  ibv_context* ctx = dev.native_handle();
-  const auto named = [&](const char* field) { return std::string(prefix) + field; };
-  if (pd != nullptr) {
-    check_same_context(pd, ctx, named("pd"), owner, remedy, phase, where);
-    pd_out.emplace(ProtectionDomain::adopt(pd->shared_handle(), where));
-  } else {
-    pd_out.emplace(dev, where);
-  }
-  const CqOptions cqo{.depth = cq_depth, .with_channel = true};
-  if (send_cq != nullptr) check_same_context(send_cq, ctx, named("send_cq"), owner, remedy, phase, where);
-  if (recv_cq != nullptr) check_same_context(recv_cq, ctx, named("recv_cq"), owner, remedy, phase, where);
-  if (send_cq != nullptr)
-    send_out.emplace(CompletionQueue::adopt(send_cq->shared_handle()));
-  else
-    send_out.emplace(dev, cqo, where);
-  if (recv_cq != nullptr)
-    recv_out.emplace(CompletionQueue::adopt(recv_cq->shared_handle()));
-  else
-    recv_out.emplace(dev, cqo, where);
-}
-
 void check_options(const ConnectionOptions& o, Phase phase, SourceLocation where) {
   const TransportOptions& t = o.transport;
   if (t.retry_count > 7 || t.rnr_retry_count > 7 || t.ack_timeout > 31 || t.min_rnr_timer > 31)
@@ -109,20 +83,12 @@ rdma_conn_param conn_param(const ConnectionOptions& o, const std::vector<std::by
 using namespace internal;
 
 void Connection::Impl::build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
-  ibv_context* ctx = id->verbs;
-  device.emplace(device_of(ctx, phase, where));
-  const std::string owner = "the connection (" + device->name() + ")";
-  constexpr std::string_view remedy = "make it from cm::device_for() or Listener::device()";
-  make_pd_and_cqs(*device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "ConnectionOptions::", owner, remedy, phase, where,
-                  pd, send_cq, recv_cq);
   if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
-  if (o.qp.srq != nullptr) {
-    check_same_context(o.qp.srq, ctx, "QpOptions::srq", owner, remedy, phase, where);
-    if (o.qp.srq->native_handle()->pd != pd->native_handle())
-      fail(EINVAL, phase,
-           "QpOptions::srq is on another protection domain than the connection's (receives would fail at the "
-           "first message): make the SRQ on the PD given as ConnectionOptions::pd", where);
-  }
+  open(o, "ConnectionOptions::", "the connection", "make it from cm::device_for() or Listener::device()", phase, where);
+  if (o.qp.srq != nullptr && o.qp.srq->native_handle()->pd != pd->native_handle())
+    fail(EINVAL, phase,
+         "ConnectionOptions::qp.srq is on another protection domain than the connection's (receives would fail at "
+         "the first message): make the SRQ on the PD given as ConnectionOptions::pd", where);
   QpOptions q = o.qp;
   q.port = id->port_num;
   // Created by the core, not rdma_create_qp(3): librdmacm then sees no QP on the id (id->qp
@@ -140,6 +106,17 @@ void Connection::Impl::build(const ConnectionOptions& o, Phase phase, SourceLoca
   access = o.qp.access;
   transport = o.transport;
   transition(IBV_QPS_INIT, phase, where);
+}
+
+std::vector<std::byte> Connection::Impl::prepare(const std::function<void(const Handshake&)>& before,
+                                                 ConnectionOptions& o, std::size_t limit, Phase phase,
+                                                 SourceLocation where) {
+  build(o, phase, where);
+  if (before) {
+    before({.qp = *qp, .pd = *pd, .peer_private_data = peer_private, .expose = o.expose});
+    check_options(o, phase, where);  // again: it may have exposed a buffer
+  }
+  return frame(o, limit, phase, where);
 }
 
 void Connection::Impl::transition(ibv_qp_state state, Phase phase, SourceLocation where) {

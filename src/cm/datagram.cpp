@@ -17,30 +17,26 @@ using namespace internal;
 
 namespace {
 
-bool is_wildcard(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr == htonl(INADDR_ANY);  // NOLINT
-  if (a.ss_family == AF_INET6) return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);  // NOLINT
-  return false;
+/// The IP address of `a`: 4 or 16 bytes, none for another family.
+std::span<const std::byte> ip_of(const sockaddr_storage& a) {
+  const auto* in = reinterpret_cast<const sockaddr_in*>(&a);    // NOLINT
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);  // NOLINT
+  if (a.ss_family == AF_INET) return std::as_bytes(std::span(&in->sin_addr, 1));
+  if (a.ss_family == AF_INET6) return std::as_bytes(std::span(&in6->sin6_addr, 1));
+  return {};
 }
-
+/// IPv4 224.0.0.0/4, IPv6 ff00::/8.
 bool is_multicast(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr));  // NOLINT
-  if (a.ss_family == AF_INET6) return IN6_IS_ADDR_MULTICAST(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);  // NOLINT
-  return false;
+  const auto ip = ip_of(a);
+  return ip.size() == 4 ? (ip[0] & std::byte{0xf0}) == std::byte{0xe0} : ip.size() == 16 && ip[0] == std::byte{0xff};
 }
-
 bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET)
-    return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr ==  // NOLINT
-           reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;    // NOLINT
-  return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,                  // NOLINT
-                     &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;  // NOLINT
+  return a.ss_family == b.ss_family && std::ranges::equal(ip_of(a), ip_of(b));
 }
 
 }  // namespace
 
-struct Datagram::Impl {
+struct Datagram::Impl : Endpoint {
   // A joined group; its address is the join's context (stable: held by unique_ptr).
   struct Group {
     std::string name;
@@ -50,12 +46,6 @@ struct Datagram::Impl {
     bool attached = false;
   };
 
-  std::shared_ptr<Router> router;
-  std::shared_ptr<rdma_cm_id> id;
-  std::optional<Device> device;
-  std::optional<ProtectionDomain> pd;
-  std::optional<CompletionQueue> send_cq, recv_cq;
-  std::optional<QueuePair> qp;
   ibv_qp* qp_handle = nullptr;  // what the groups are attached to: teardown never reads `qp`
   std::uint16_t port = 0;
   bool listening = false;
@@ -75,9 +65,11 @@ struct Datagram::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl();
 
-  void drop(Group& g) noexcept {
-    if (g.attached) (void)ibv_detach_mcast(qp_handle, &g.mgid, g.mlid);
-    (void)router->command([&] { return rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr)); });  // NOLINT
+  /// Detaches the QP from `g` and leaves it; the first errno of the two, or 0.
+  int drop(Group& g) noexcept {
+    const int detached = g.attached && ibv_detach_mcast(qp_handle, &g.mgid, g.mlid) != 0 ? errno : 0;
+    const int left = router->command([&] { return rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr)); });  // NOLINT
+    return detached != 0 ? detached : left;
   }
   std::vector<std::unique_ptr<Group>>::iterator find(const sockaddr_storage& a) {
     return std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same_address(g->addr, a); });
@@ -121,7 +113,7 @@ struct PendingJoin::Impl {
       std::erase(d->joining, this);
       if (g) std::erase(d->dropped, g.get());  // its address may be a new group's
     }
-    if (g) d->drop(*g);
+    if (g) (void)d->drop(*g);
     g.reset();
     d = nullptr;
   }
@@ -150,25 +142,22 @@ struct PendingJoin::Impl {
   }
 
   std::optional<DatagramPeer> step() {
-    if (failed) std::rethrow_exception(failed);
-    if (done) fail(ENOTCONN, Phase::connect, "PendingJoin::step: the join of " + name + " is over (its peer was returned)", where);
-    try {
-      if (d == nullptr) fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
-      d->leave_dropped();  // what an earlier step read for the Datagram (a group it dropped)
-      for (;;) {
-        std::optional<Event> e = inbox.next(*d->router, Phase::connect, where);
-        if (!e) break;
-        if (auto peer = on_event(std::move(*e))) return peer;
-      }
-      if (Clock::now() >= deadline)
-        fail(ETIMEDOUT, Phase::connect,
-             name + ": rdma_cm did not confirm the join within " + std::to_string(timeout.count()) + " ms", where);
-      return std::nullopt;
-    } catch (...) {
-      failed = std::current_exception();
-      end();
-      throw;
-    }
+    return guarded(
+        failed,
+        [&]() -> std::optional<DatagramPeer> {
+          if (done)
+            fail(ENOTCONN, Phase::connect, "PendingJoin::step: the join of " + name + " is over (its peer was returned)", where);
+          if (d == nullptr)
+            fail(ECANCELED, Phase::connect, name + ": the Datagram was destroyed before the join completed", where);
+          d->leave_dropped();  // what an earlier step read for the Datagram (a group it dropped)
+          while (std::optional<Event> e = inbox.next(*d->router, Phase::connect, where))
+            if (auto peer = on_event(std::move(*e))) return peer;
+          if (Clock::now() >= deadline)
+            fail(ETIMEDOUT, Phase::connect,
+                 name + ": rdma_cm did not confirm the join within " + std::to_string(timeout.count()) + " ms", where);
+          return std::nullopt;
+        },
+        [&] { end(); });
   }
 };
 
@@ -180,8 +169,7 @@ Datagram::Impl::~Impl() {
   }
   // Joins in progress are left first, and told that the Datagram is gone.
   while (!joining.empty()) joining.back()->end();
-  for (const auto& g : groups) drop(*g);
-  // Members go in reverse order: the QP before the CQs and PD, the id last.
+  for (const auto& g : groups) (void)drop(*g);
 }
 
 bool Datagram::Impl::is_joining(const sockaddr_storage& a) {
@@ -237,7 +225,7 @@ void Datagram::Impl::leave_dropped() noexcept {
     } catch (const std::bad_alloc&) {
       // Left all the same; only the name is not listed.
     }
-    drop(**it);
+    (void)drop(**it);
     groups.erase(it);
   }
 }
@@ -249,7 +237,7 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
     fail(EINVAL, Phase::listen,
          "DatagramOptions::qp.type is " + std::string(to_string(o.qp.type)) + ": a Datagram is a UD QP; nothing was made",
          where);
-  sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
+  const sockaddr_storage a = looked_up_address(address, port, Phase::listen, where);
   if (is_wildcard(a))
     fail(EINVAL, Phase::listen,
          "a Datagram needs the address of one RDMA device, not the wildcard '" + std::string(address) +
@@ -261,16 +249,10 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
   d.router->add(d.id.get(), {&d, &Impl::deliver, ChannelAccess::key_of(o.channel)});
   d.on_router = true;
   set_bind_options(d.id.get(), o.reuse_address, std::nullopt, Phase::listen, where);
-  if (rdma_bind_addr(d.id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
-  if (d.id->verbs == nullptr) fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
+  bind_to(d.id.get(), a, bound, Phase::listen, where);
   d.port = ntohs(rdma_get_src_port(d.id.get()));
-  d.device.emplace(device_of(d.id->verbs, Phase::listen, where));
-  const std::string owner = "the Datagram's (" + d.device->name() + ")";
-  const std::string remedy = "make it from cm::device_for(\"" + std::string(address) + "\")";
-  make_pd_and_cqs(*d.device, o.pd, o.send_cq, o.recv_cq, o.cq_depth, "DatagramOptions::", owner, remedy, Phase::listen,
-                  where, d.pd, d.send_cq, d.recv_cq);
-  if (o.qp.srq != nullptr) check_same_context(o.qp.srq, d.id->verbs, "QpOptions::srq", owner, remedy, Phase::listen, where);
+  d.open(o, "DatagramOptions::", "the Datagram", "make it from cm::device_for(\"" + std::string(address) + "\")",
+         Phase::listen, where);
   QpOptions q = o.qp;
   q.qkey = datagram_qkey;
   q.port = d.id->port_num;
@@ -305,76 +287,51 @@ bool Datagram::address_changed() const noexcept { return impl_->address_changed;
 // A resolve, as a state machine driven by the events of its own Router (resolve() waits
 // between steps). A short-lived id of its own per request: an id resolves one destination.
 struct PendingResolve::Impl {
-  std::shared_ptr<Router> router;
-  std::shared_ptr<rdma_cm_id> id;
-  Inbox inbox;
   std::optional<ProtectionDomain> pd;  // the Datagram's, shared: the answer's AH is made on it
   ibv_context* context = nullptr;      // the Datagram's device
   std::string device_name;
   std::uint32_t qp_num = 0;            // the Datagram's QP, named in the request
-  ResolveOptions o;                    // private_data pointing at `data`
-  std::vector<std::byte> data;
-  std::string target;
-  Phase phase = Phase::resolve_address;
-  Clock::time_point deadline, step_deadline;
-  int resolve_ms = 0;
+  std::vector<std::byte> data;         // the request's private data
+  Resolution res;
   SourceLocation where;
   std::exception_ptr failed;
+  Inbox inbox;
+  std::shared_ptr<Router> router;
+  std::shared_ptr<rdma_cm_id> id;  // last: its deleter leaves the Router before `inbox` goes
 
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  ~Impl() { close(); }
   void close() noexcept {
-    id.reset();  // its deleter leaves the Router, before `inbox` goes
+    id.reset();
     router.reset();
   }
 
-  [[nodiscard]] Clock::time_point resolve_deadline() const {
-    return std::min(deadline, detail::deadline_after(o.resolve_timeout));
-  }
-
   std::optional<DatagramPeer> on_event(Event e) {
-    switch (phase) {
-      case Phase::resolve_address:
-        (void)check_event(std::move(e), RDMA_CM_EVENT_ADDR_RESOLVED, Phase::resolve_address, where);
+    if (res.phase != Phase::connect) {
+      if (res.check(std::move(e), where) == Phase::resolve_address) {
         if (id->verbs != context)
-          fail(ENODEV, Phase::resolve_address,
-               target + " is reached through another RDMA device than the Datagram's (" + device_name +
-                   "): bind a Datagram to an address of that device",
-               where);
-        if (rdma_resolve_route(id.get(), resolve_ms) != 0)
-          fail(errno, Phase::resolve_route, target + ": rdma_resolve_route", where);
-        phase = Phase::resolve_route;
-        step_deadline = resolve_deadline();
-        return std::nullopt;
-      case Phase::resolve_route: {
-        (void)check_event(std::move(e), RDMA_CM_EVENT_ROUTE_RESOLVED, Phase::resolve_route, where);
-        rdma_conn_param p{};
-        p.qp_num = qp_num;
-        p.private_data = data.empty() ? nullptr : data.data();
-        p.private_data_len = static_cast<std::uint8_t>(data.size());
-        phase = Phase::connect;
-        step_deadline = deadline;
-        if (rdma_connect(id.get(), &p) != 0) fail(errno, Phase::connect, target + ": rdma_connect (SIDR request)", where);
+          res.fail(ENODEV, "reached through another RDMA device than the Datagram's (" + device_name +
+                               "): bind a Datagram to an address of that device", where);
+        res.resolve_route(*router, id.get(), where);
         return std::nullopt;
       }
-      default: break;
+      rdma_conn_param p{};
+      p.qp_num = qp_num;
+      p.private_data = data.empty() ? nullptr : data.data();
+      p.private_data_len = static_cast<std::uint8_t>(data.size());
+      if (rdma_connect(id.get(), &p) != 0) res.fail(errno, "rdma_connect (SIDR request)", where);
+      return std::nullopt;
     }
     if (e.type == RDMA_CM_EVENT_UNREACHABLE) {
       // The status is the SIDR reply's (IB spec 16.7): 1 no service at that port, 2 refused by
       // it; or the kernel's -ETIMEDOUT when no reply came.
       const std::string what = " (UNREACHABLE, status " + std::to_string(e.status) + ")";
-      if (e.status == 1)
+      if (e.status == 1 || e.status == 2)
         throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), Phase::connect,
-                           target + ": no listening Datagram on that port" + what, e.status, e.private_data, where);
-      if (e.status == 2)
-        throw ConnectError(std::error_code(ECONNREFUSED, std::generic_category()), Phase::connect,
-                           target + ": refused (the listener rejected it, or nothing listens at that address on that "
-                                    "device)" + what,
+                           res.target + (e.status == 1 ? ": no listening Datagram on that port"
+                                                       : ": refused (the listener rejected it, or nothing listens at "
+                                                         "that address on that device)") + what,
                            e.status, e.private_data, where);
-      if (e.status == -ETIMEDOUT) fail(ETIMEDOUT, Phase::connect, target + ": no answer to the SIDR request" + what, where);
-      fail(EHOSTUNREACH, Phase::connect, target + ": unreachable" + what, where);
+      res.fail(e.status == -ETIMEDOUT ? ETIMEDOUT : EHOSTUNREACH,
+               (e.status == -ETIMEDOUT ? "no answer to the SIDR request" : "unreachable") + what, where);
     }
     const Event got = check_event(std::move(e), RDMA_CM_EVENT_ESTABLISHED, Phase::connect, where);
     DatagramPeer peer{.ah = AddressHandle::from_attributes(*pd, got.ah_attr, where),
@@ -386,23 +343,17 @@ struct PendingResolve::Impl {
   }
 
   std::optional<DatagramPeer> step() {
-    if (failed) std::rethrow_exception(failed);
-    if (!id) fail(ENOTCONN, phase, "PendingResolve::step: the resolve of " + target + " is over (its peer was returned)", where);
-    try {
-      for (;;) {
-        std::optional<Event> e = inbox.next(*router, phase, where);  // never waits
-        if (!e) {
-          if (Clock::now() >= step_deadline)
-            fail_no_answer(phase, phase == Phase::connect ? o.timeout : o.resolve_timeout, where);
+    return guarded(
+        failed,
+        [&]() -> std::optional<DatagramPeer> {
+          if (!id)
+            res.fail(ENOTCONN, "PendingResolve::step: the resolve is over (its peer was returned)", where);
+          while (std::optional<Event> e = inbox.next(*router, res.phase, where))  // never waits
+            if (auto peer = on_event(std::move(*e))) return peer;
+          if (Clock::now() >= res.step_deadline) res.timed_out(where);
           return std::nullopt;
-        }
-        if (auto peer = on_event(std::move(*e))) return peer;
-      }
-    } catch (...) {
-      failed = std::current_exception();
-      close();
-      throw;
-    }
+        },
+        [&] { close(); });
   }
 };
 
@@ -414,23 +365,16 @@ PendingResolve Datagram::start_resolve(std::string_view host, std::uint16_t port
 PendingResolve Datagram::start_resolve_at(const sockaddr_storage& dst, std::string_view host, std::uint16_t port,
                                           const ResolveOptions& o, SourceLocation where) {
   auto r = std::make_unique<PendingResolve::Impl>();
-  r->target = std::string(host) + ":" + std::to_string(port);
+  r->res = {.target = std::string(host) + ":" + std::to_string(port), .whole = o.timeout, .each = o.resolve_timeout};
   r->where = where;
   if (o.private_data.size() > max_resolve_private_data)
-    fail(EMSGSIZE, Phase::connect,
-         r->target + ": private data of " + std::to_string(o.private_data.size()) + " bytes exceeds the limit of " +
-             std::to_string(max_resolve_private_data) + " bytes; nothing was sent",
-         where);
-  r->o = o;
+    r->res.fail(EMSGSIZE, "private data of " + std::to_string(o.private_data.size()) + " bytes exceeds the limit of " +
+                              std::to_string(max_resolve_private_data) + " bytes; nothing was sent", where);
   r->data.assign(o.private_data.begin(), o.private_data.end());
-  r->o.private_data = r->data;
   r->pd.emplace(ProtectionDomain::adopt(impl_->pd->shared_handle(), where));
   r->context = impl_->id->verbs;
   r->device_name = impl_->device->name();
   r->qp_num = impl_->qp->qp_num();
-  r->deadline = detail::deadline_after(r->o.timeout);
-  r->step_deadline = r->resolve_deadline();
-  r->resolve_ms = std::max(1, std::min(ms_until(r->deadline), clamp_ms(r->o.resolve_timeout)));
   r->router = Router::make(false, Phase::resolve_address, where);
   r->id = r->router->make_id(RDMA_PS_UDP, Phase::resolve_address, where);
   r->router->add(r->id.get(), {&r->inbox, [](void* self, Event&& e) noexcept { return static_cast<Inbox*>(self)->keep(std::move(e)); }});
@@ -440,10 +384,7 @@ PendingResolve Datagram::start_resolve_at(const sockaddr_storage& dst, std::stri
   std::memcpy(&src, mine, mine->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
   if (src.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;  // NOLINT
   else reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;                          // NOLINT
-  sockaddr_storage to = dst;
-  if (rdma_resolve_addr(r->id.get(), reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&to),  // NOLINT
-                        r->resolve_ms) != 0)
-    fail(errno, Phase::resolve_address, r->target + ": rdma_resolve_addr", where);
+  r->res.start(*r->router, r->id.get(), &src, dst, where);
   return PendingResolve(std::move(r));
 }
 
@@ -462,20 +403,17 @@ PendingResolve& PendingResolve::operator=(PendingResolve&&) noexcept = default;
 PendingResolve::~PendingResolve() = default;
 
 std::optional<DatagramPeer> PendingResolve::step() {
-  if (!impl_)
-    detail::throw_error(make_error_code(Errc::empty_object),
-                        "PendingResolve::step: the PendingResolve is empty (moved from)", SourceLocation::current());
+  detail::require_not_empty(impl_ != nullptr, "PendingResolve::step: the PendingResolve", SourceLocation::current());
   return impl_->step();
 }
-
 std::optional<DatagramPeer> PendingResolve::step(std::error_code& ec) noexcept {
   return or_code([this] { return step(); }, ec);
 }
 int PendingResolve::fd() const noexcept { return impl_ && impl_->router ? impl_->router->object_fd() : -1; }
 std::chrono::steady_clock::time_point PendingResolve::deadline() const noexcept {
-  return impl_ ? impl_->step_deadline : Clock::time_point{};
+  return impl_ ? impl_->res.step_deadline : Clock::time_point{};
 }
-Phase PendingResolve::phase() const noexcept { return impl_ ? impl_->phase : Phase::connect; }
+Phase PendingResolve::phase() const noexcept { return impl_ ? impl_->res.phase : Phase::connect; }
 
 void Datagram::listen(int backlog, SourceLocation where) {
   if (!impl_->groups.empty() || !impl_->joining.empty())
@@ -569,12 +507,9 @@ PendingJoin& PendingJoin::operator=(PendingJoin&&) noexcept = default;
 PendingJoin::~PendingJoin() = default;
 
 std::optional<DatagramPeer> PendingJoin::step() {
-  if (!impl_)
-    detail::throw_error(make_error_code(Errc::empty_object), "PendingJoin::step: the PendingJoin is empty (moved from)",
-                        SourceLocation::current());
+  detail::require_not_empty(impl_ != nullptr, "PendingJoin::step: the PendingJoin", SourceLocation::current());
   return impl_->step();
 }
-
 std::optional<DatagramPeer> PendingJoin::step(std::error_code& ec) noexcept {
   return or_code([this] { return step(); }, ec);
 }
@@ -598,13 +533,8 @@ void Datagram::leave(std::string_view group, SourceLocation where) {
     const std::lock_guard lock(d.router->mutex());
     std::erase(d.dropped, g.get());  // its address may be a new group's
   }
-  if (ibv_detach_mcast(d.qp_handle, &g->mgid, g->mlid) != 0) {
-    const int err = errno;
-    (void)d.router->command([&] { return rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr)); });  // NOLINT
-    fail(err, Phase::connect, std::string(group) + ": ibv_detach_mcast", where);
-  }
-  if (const int err = d.router->command([&] { return rdma_leave_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&g->addr)); }))  // NOLINT
-    fail(err, Phase::connect, std::string(group) + ": rdma_leave_multicast", where);
+  if (const int err = d.drop(*g))
+    fail(err, Phase::connect, std::string(group) + ": ibv_detach_mcast or rdma_leave_multicast", where);
 }
 
 std::vector<std::string> Datagram::groups() const {

@@ -133,6 +133,16 @@ sockaddr_storage looked_up_address(std::string_view host, std::uint16_t port, Ph
   return address(host, port, 0, phase, where);
 }
 
+bool is_wildcard(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr == htonl(INADDR_ANY);  // NOLINT
+  return a.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);  // NOLINT
+}
+
+void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, Phase phase, SourceLocation where) {
+  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) != 0) fail(errno, phase, "rdma_bind_addr(" + text + ")", where);  // NOLINT
+  if (id->verbs == nullptr && !is_wildcard(a)) fail(ENODEV, phase, "no RDMA device has the address " + text, where);
+}
+
 std::string address_text(const sockaddr* sa) {
   if (sa == nullptr || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)) return {};
   char text[INET6_ADDRSTRLEN] = {};

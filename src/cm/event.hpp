@@ -58,6 +58,20 @@ auto or_code(Call&& call, std::error_code& ec) noexcept -> decltype(std::optiona
   return std::nullopt;
 }
 
+/// A Pending*'s step(): an earlier failure again, else `body`; a failure is kept (every later
+/// step fails the same way) and `close` lets go of what the step held.
+template <typename Body, typename Close>
+auto guarded(std::exception_ptr& failed, Body&& body, Close&& close) -> decltype(body()) {
+  if (failed) std::rethrow_exception(failed);
+  try {
+    return body();
+  } catch (...) {
+    failed = std::current_exception();
+    close();
+    throw;
+  }
+}
+
 /// An rdma_cm event, copied before it is acknowledged.
 struct Event {
   rdma_cm_event_type type{};
@@ -87,6 +101,11 @@ sockaddr_storage numeric_address(std::string_view host, std::uint16_t port, Phas
 /// its own limits); a resolver that cannot answer yet is EAGAIN, a name it does not know
 /// EHOSTUNREACH. For the blocking calls only.
 sockaddr_storage looked_up_address(std::string_view host, std::uint16_t port, Phase phase, SourceLocation where);
+/// Whether `a` is the wildcard address (0.0.0.0 or ::).
+bool is_wildcard(const sockaddr_storage& a);
+/// rdma_bind_addr(3) of `id` to `a` (`text` names it); ENODEV when no RDMA device has the
+/// address (a wildcard needs none).
+void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, Phase phase, SourceLocation where);
 /// "a.b.c.d:port" or "[v6]:port"; empty for a null or other address.
 std::string address_text(const sockaddr* sa);
 /// The rdma_cm options that must come before an id is bound (rdma_set_option(3)):

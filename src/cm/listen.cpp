@@ -20,28 +20,27 @@ struct PendingAccept::Impl {
   std::exception_ptr failed;
 
   std::optional<Connection> step() {
-    if (failed) std::rethrow_exception(failed);
-    if (!c) fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
-    try {
-      std::optional<Event> e = c->inbox.next(*c->router, Phase::accept, where);  // never waits
-      if (!e) {
-        if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
-        return std::nullopt;
-      }
-      // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its RTU
-      // was lost (connection management messages are datagrams; a busy rxe drops some), so its
-      // DREQ came first. It was connected (only a connected side sends a DREQ): hand out the
-      // connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
-      const Event got =
-          check_event(std::move(*e), RDMA_CM_EVENT_ESTABLISHED, Phase::accept, where, RDMA_CM_EVENT_DISCONNECTED);
-      c->on_established();
-      if (got.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
-      return Connection(std::move(c));
-    } catch (...) {
-      failed = std::current_exception();
-      c.reset();
-      throw;
-    }
+    return guarded(
+        failed,
+        [&]() -> std::optional<Connection> {
+          if (!c)
+            fail(ENOTCONN, Phase::accept, "PendingAccept::step: the accept is over (its Connection was returned)", where);
+          std::optional<Event> e = c->inbox.next(*c->router, Phase::accept, where);  // never waits
+          if (!e) {
+            if (Clock::now() >= deadline) fail_no_answer(Phase::accept, budget, where);
+            return std::nullopt;
+          }
+          // DISCONNECTED instead of ESTABLISHED: the client connected and already left, and its
+          // RTU was lost (connection management messages are datagrams; a busy rxe drops some),
+          // so its DREQ came first. It was connected (only a connected side sends a DREQ): hand
+          // out the connection, closed by the peer, as when the DREQ comes after ESTABLISHED.
+          const Event got =
+              check_event(std::move(*e), RDMA_CM_EVENT_ESTABLISHED, Phase::accept, where, RDMA_CM_EVENT_DISCONNECTED);
+          c->on_established();
+          if (got.type == RDMA_CM_EVENT_DISCONNECTED) c->peer_gone = true;
+          return Connection(std::move(c));
+        },
+        [&] { c.reset(); });
   }
 
   /// The connection before its client confirmed (accept()'s): ESTABLISHED, or the client's
@@ -60,16 +59,12 @@ PendingAccept& PendingAccept::operator=(PendingAccept&&) noexcept = default;
 PendingAccept::~PendingAccept() = default;
 
 std::optional<Connection> PendingAccept::step() {
-  if (!impl_)
-    detail::throw_error(make_error_code(Errc::empty_object), "PendingAccept::step: the PendingAccept is empty (moved from)",
-                        SourceLocation::current());
+  detail::require_not_empty(impl_ != nullptr, "PendingAccept::step: the PendingAccept", SourceLocation::current());
   return impl_->step();
 }
-
 std::optional<Connection> PendingAccept::step(std::error_code& ec) noexcept {
   return or_code([this] { return step(); }, ec);
 }
-
 int PendingAccept::fd() const noexcept { return impl_ && impl_->c ? impl_->c->router->object_fd() : -1; }
 std::chrono::steady_clock::time_point PendingAccept::deadline() const noexcept {
   return impl_ ? impl_->deadline : Clock::time_point{};
@@ -171,22 +166,17 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
       if (const int err = c->router->command([&] { return rdma_migrate_id(req.id, c->router->channel()); }))
         fail_id(err, Phase::accept, "rdma_migrate_id", where);
     }
-    c->build(*o, Phase::accept, where);
     c->take_private_data(std::move(req.private_data));
-    if (options.before_handshake)
-      options.before_handshake({.qp = *c->qp, .pd = *c->pd, .peer_private_data = c->peer_private, .expose = o->expose});
-    check_options(*o, Phase::accept, where);  // again: it may have exposed a buffer
-    const std::vector<std::byte> data = frame(*o, max_accept_private_data, Phase::accept, where);
+    std::vector<std::byte> data = c->prepare(options.before_handshake, *o, max_accept_private_data, Phase::accept, where);
     rdma_conn_param p = conn_param(*o, data, *c->device, *c->qp, &req);
     // In RTS before the reply goes: the client may send (or write) as soon as it has it.
     c->to_rts(p, Phase::accept, where);
     // The client uses the request's MTU (its own) unless told: taking less, say so.
-    std::vector<std::byte> tagged;
     if (c->rtr_mtu < c->peer_assumes) {
-      tagged = frame_with_mtu(*o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu),
-                              static_cast<Mtu>(c->peer_assumes), Phase::accept, where);
-      p.private_data = tagged.data();
-      p.private_data_len = static_cast<std::uint8_t>(tagged.size());
+      data = frame_with_mtu(*o, max_accept_private_data, static_cast<Mtu>(c->rtr_mtu), static_cast<Mtu>(c->peer_assumes),
+                            Phase::accept, where);
+      p.private_data = data.data();
+      p.private_data_len = static_cast<std::uint8_t>(data.size());
     }
     if (const int err = c->router->command([&] { return rdma_accept(c->id.get(), &p); }))
       fail_id(err, Phase::accept, "rdma_accept (did the client give up?)", where);
@@ -215,12 +205,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
   l.handshake_timeout = options.handshake_timeout;
   const std::string bound = std::string(address) + ":" + std::to_string(port);
   set_bind_options(l.id.get(), false, options.ipv6_only, Phase::listen, where);
-  sockaddr_storage b = a;
-  if (rdma_bind_addr(l.id.get(), reinterpret_cast<sockaddr*>(&b)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + bound + ")", where);
-  const bool wildcard = address.empty() || address == "0.0.0.0" || address == "::";
-  if (!wildcard && l.id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(address), where);
+  bind_to(l.id.get(), a, bound, Phase::listen, where);
   if (rdma_listen(l.id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + bound + ")", where);
   l.port = ntohs(rdma_get_src_port(l.id.get()));
 }
@@ -262,9 +247,6 @@ std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, 
 Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, SourceLocation where) {
   Impl& l = *impl_;
   const auto deadline = detail::deadline_after(timeout);
-  (void)frame(o, max_accept_private_data, Phase::accept, where);  // nothing is sent for options that cannot be
-  check_options(o, Phase::accept, where);
-  l.check_channel(o, where);
   for (;;) {
     std::optional<PendingAccept> pending;
     try {
@@ -297,13 +279,10 @@ std::optional<Connection> Listener::accept(milliseconds timeout, const Connectio
 }
 
 Device device_for(std::string_view local_address, SourceLocation where) {
-  sockaddr_storage a = looked_up_address(local_address, 0, Phase::listen, where);
+  const sockaddr_storage a = looked_up_address(local_address, 0, Phase::listen, where);
   const auto router = Router::make(false, Phase::listen, where);
   const auto id = router->make_id(RDMA_PS_TCP, Phase::listen, where);
-  if (rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0)  // NOLINT
-    fail(errno, Phase::listen, "rdma_bind_addr(" + std::string(local_address) + ")", where);
-  if (id->verbs == nullptr)
-    fail(ENODEV, Phase::listen, "no RDMA device has the address " + std::string(local_address), where);
+  bind_to(id.get(), a, std::string(local_address), Phase::listen, where);
   return device_of(id->verbs, Phase::listen, where);
 }
 

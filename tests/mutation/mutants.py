@@ -431,8 +431,8 @@ MUTANTS = [
     {
         "id": "cm-resolve-deadline-is-the-connects",
         "file": "src/cm/connect.cpp",
-        "from": "    return std::min(deadline, detail::deadline_after(o.resolve_timeout));\n  }\n  /// The phase's limit",
-        "to": "    return deadline;\n  }\n  /// The phase's limit",
+        "from": "  step_deadline = std::min(deadline, detail::deadline_after(each));\n  sockaddr_storage from",
+        "to": "  step_deadline = deadline;\n  sockaddr_storage from",
         "suite": "device",
         "tests": r"^CmEventLoop\.APendingConnectToASilentAddressFailsAtItsDeadline$",
         "why": "a deadline ignored: address and route resolution wait for the whole connect timeout, not "
@@ -441,7 +441,7 @@ MUTANTS = [
     {
         "id": "cm-connect-step-never-times-out",
         "file": "src/cm/connect.cpp",
-        "from": "          if (Clock::now() >= step_deadline) timed_out();\n",
+        "from": "          if (Clock::now() >= res.step_deadline) res.timed_out(where);\n",
         "to": "",
         "suite": "device",
         "tests": r"^CmEventLoop\.APendingConnectToAServerThatNeverAnswersFailsAtItsTimeout$",
@@ -485,8 +485,8 @@ MUTANTS = [
     {
         "id": "cm-datagram-sidr-status-decoded-wrongly",
         "file": "src/cm/datagram.cpp",
-        "from": "      if (e.status == 1)\n",
-        "to": "      if (e.status == -1)\n",
+        "from": "      if (e.status == 1 || e.status == 2)\n",
+        "to": "      if (e.status == -1 || e.status == 2)\n",
         "suite": "device",
         "tests": r"^CmDatagram\.ResolveWithNoListenerIsRefusedNamingIt$",
         "why": "error mapping: the SIDR reply status 1 (no service at that port) is not decoded and becomes "
