@@ -110,7 +110,7 @@ struct PendingConnect::Impl {
         if (const auto tc = o.connection.transport.traffic_class) {
           std::uint8_t tos = *tc;
           if (rdma_set_option(c->id.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0)
-            res.fail(errno, "rdma_set_option(TOS)", where);
+            fail(errno, Phase::resolve_route, res.target + ": rdma_set_option(TOS)", where);
         }
         res.resolve_route(*c->router, c->id.get(), where);
       }

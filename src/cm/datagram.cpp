@@ -65,11 +65,16 @@ struct Datagram::Impl : Endpoint {
   Impl& operator=(const Impl&) = delete;
   ~Impl();
 
-  /// Detaches the QP from `g` and leaves it; the first errno of the two, or 0.
-  int drop(Group& g) noexcept {
+  /// Detaches the QP from `g` and leaves it; the first failure of the two (errno 0: none).
+  struct Dropped {
+    int err = 0;
+    const char* call = "";
+  };
+  Dropped drop(Group& g) noexcept {
     const int detached = g.attached && ibv_detach_mcast(qp_handle, &g.mgid, g.mlid) != 0 ? errno : 0;
     const int left = router->command([&] { return rdma_leave_multicast(id.get(), reinterpret_cast<sockaddr*>(&g.addr)); });  // NOLINT
-    return detached != 0 ? detached : left;
+    if (detached != 0) return {detached, "ibv_detach_mcast"};
+    return {left, "rdma_leave_multicast"};
   }
   std::vector<std::unique_ptr<Group>>::iterator find(const sockaddr_storage& a) {
     return std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same_address(g->addr, a); });
@@ -249,7 +254,7 @@ Datagram::Datagram(std::string_view address, std::uint16_t port, const DatagramO
   d.router->add(d.id.get(), {&d, &Impl::deliver, ChannelAccess::key_of(o.channel)});
   d.on_router = true;
   set_bind_options(d.id.get(), o.reuse_address, std::nullopt, Phase::listen, where);
-  bind_to(d.id.get(), a, bound, Phase::listen, where);
+  bind_to(d.id.get(), a, bound, false, Phase::listen, where);
   d.port = ntohs(rdma_get_src_port(d.id.get()));
   d.open(o, "DatagramOptions::", "the Datagram", "make it from cm::device_for(\"" + std::string(address) + "\")",
          Phase::listen, where);
@@ -533,8 +538,7 @@ void Datagram::leave(std::string_view group, SourceLocation where) {
     const std::lock_guard lock(d.router->mutex());
     std::erase(d.dropped, g.get());  // its address may be a new group's
   }
-  if (const int err = d.drop(*g))
-    fail(err, Phase::connect, std::string(group) + ": ibv_detach_mcast or rdma_leave_multicast", where);
+  if (const auto [err, call] = d.drop(*g); err != 0) fail(err, Phase::connect, std::string(group) + ": " + call, where);
 }
 
 std::vector<std::string> Datagram::groups() const {

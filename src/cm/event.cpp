@@ -138,9 +138,11 @@ bool is_wildcard(const sockaddr_storage& a) {
   return a.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);  // NOLINT
 }
 
-void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, Phase phase, SourceLocation where) {
+void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, bool wildcard_ok, Phase phase,
+             SourceLocation where) {
   if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) != 0) fail(errno, phase, "rdma_bind_addr(" + text + ")", where);  // NOLINT
-  if (id->verbs == nullptr && !is_wildcard(a)) fail(ENODEV, phase, "no RDMA device has the address " + text, where);
+  if (id->verbs == nullptr && !(wildcard_ok && is_wildcard(a)))
+    fail(ENODEV, phase, "no RDMA device has the address " + text, where);
 }
 
 std::string address_text(const sockaddr* sa) {

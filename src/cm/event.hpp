@@ -104,8 +104,9 @@ sockaddr_storage looked_up_address(std::string_view host, std::uint16_t port, Ph
 /// Whether `a` is the wildcard address (0.0.0.0 or ::).
 bool is_wildcard(const sockaddr_storage& a);
 /// rdma_bind_addr(3) of `id` to `a` (`text` names it); ENODEV when no RDMA device has the
-/// address (a wildcard needs none).
-void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, Phase phase, SourceLocation where);
+/// address (unless `wildcard_ok` and it is the wildcard, which has none).
+void bind_to(rdma_cm_id* id, sockaddr_storage a, const std::string& text, bool wildcard_ok, Phase phase,
+             SourceLocation where);
 /// "a.b.c.d:port" or "[v6]:port"; empty for a null or other address.
 std::string address_text(const sockaddr* sa);
 /// The rdma_cm options that must come before an id is bound (rdma_set_option(3)):

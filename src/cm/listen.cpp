@@ -205,7 +205,7 @@ Listener::Listener(std::string_view address, std::uint16_t port, const ListenOpt
   l.handshake_timeout = options.handshake_timeout;
   const std::string bound = std::string(address) + ":" + std::to_string(port);
   set_bind_options(l.id.get(), false, options.ipv6_only, Phase::listen, where);
-  bind_to(l.id.get(), a, bound, Phase::listen, where);
+  bind_to(l.id.get(), a, bound, true, Phase::listen, where);
   if (rdma_listen(l.id.get(), options.backlog) != 0) fail(errno, Phase::listen, "rdma_listen(" + bound + ")", where);
   l.port = ntohs(rdma_get_src_port(l.id.get()));
 }
@@ -282,7 +282,7 @@ Device device_for(std::string_view local_address, SourceLocation where) {
   const sockaddr_storage a = looked_up_address(local_address, 0, Phase::listen, where);
   const auto router = Router::make(false, Phase::listen, where);
   const auto id = router->make_id(RDMA_PS_TCP, Phase::listen, where);
-  bind_to(id.get(), a, std::string(local_address), Phase::listen, where);
+  bind_to(id.get(), a, std::string(local_address), false, Phase::listen, where);
   return device_of(id->verbs, Phase::listen, where);
 }
 
