@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <optional>
 #include <mutex>
 #include <cstring>
@@ -285,6 +287,21 @@ GidEntry Device::gid(std::uint32_t index, std::uint8_t port_num) const {
     detail::throw_errno(err, "ibv_query_gid_ex(" + slot + (err == ENODATA ? "): an empty slot" : ")"), where);
   }
   return detail::gid_entry(e);
+}
+
+std::uint16_t Device::pkey_index(std::uint16_t pkey, std::uint8_t port_num) const {
+  const SourceLocation where = SourceLocation::current();
+  detail::require_not_empty(ctx_ != nullptr, "Device::pkey_index: the Device", where);
+  (void)detail::query_port(ctx_.get(), port_num, where);  // EINVAL for a port that does not exist
+  const int index = ibv_get_pkey_index(ctx_.get(), port_num, htons(pkey));
+  if (index < 0) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%04x", static_cast<unsigned>(pkey));
+    detail::throw_errno(ENOENT, std::string("ibv_get_pkey_index: P_Key ") + hex + " is not in port " +
+                                    std::to_string(port_num) + "'s table",
+                        where);
+  }
+  return static_cast<std::uint16_t>(index);
 }
 
 std::vector<std::uint16_t> Device::pkey_table(std::uint8_t port_num) const {

@@ -46,6 +46,13 @@ struct DatagramPeer {
   std::vector<std::byte> private_data;
 };
 
+/// How a Datagram joins a multicast group (rdma_join_multicast_ex(3)'s join flags).
+enum class Membership : std::uint8_t {
+  full,       ///< sends to the group and receives what is sent to it (RDMA_MC_JOIN_FLAG_FULLMEMBER)
+  send_only,  ///< sends only: the QP is not attached, so nothing sent to the group reaches it
+              ///< (RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER; on RoCE no IGMP membership either)
+};
+
 /// How a Datagram is made.
 struct DatagramOptions {
   /// Must be UD (anything else: EINVAL). Its qkey is replaced by datagram_qkey, the one
@@ -246,17 +253,29 @@ class Datagram {
   std::optional<DatagramRequest> poll_accept(std::span<const std::byte> private_data = {},
                                             SourceLocation where = SourceLocation::current());
 
-  /// Joins the multicast group `group` (rdma_join_multicast(3); IPv4 224.0.0.0/4 or IPv6
-  /// ff00::/8), waits up to `timeout` for rdma_cm to confirm, attaches the QP
-  /// (ibv_attach_mcast(3)) and returns where to send to the group. Throws ConnectError (phase
-  /// connect): EINVAL for an address that is not multicast, for a group already joined, or on
-  /// a listening Datagram; ETIMEDOUT; the status of MULTICAST_ERROR.
+  /// Joins the multicast group `group` (rdma_join_multicast_ex(3); IPv4 224.0.0.0/4 or IPv6
+  /// ff00::/8) as `membership` says, waits up to `timeout` for rdma_cm to confirm, attaches the
+  /// QP (ibv_attach_mcast(3); not for Membership::send_only) and returns where to send to the
+  /// group. Throws ConnectError (phase connect): EINVAL for an address that is not multicast,
+  /// for a group already joined, or on a listening Datagram; ETIMEDOUT; the status of
+  /// MULTICAST_ERROR.
   [[nodiscard]] DatagramPeer join(std::string_view group, std::chrono::milliseconds timeout = 2s,
+                                  SourceLocation where = SourceLocation::current()) {
+    return join(group, Membership::full, timeout, where);
+  }
+  /// join() as `membership` says (join(group) is Membership::full).
+  [[nodiscard]] DatagramPeer join(std::string_view group, Membership membership, std::chrono::milliseconds timeout = 2s,
                                   SourceLocation where = SourceLocation::current());
   /// join() without blocking, for an event loop: asks rdma_cm to join and returns; see
   /// PendingJoin. Throws ConnectError for what fails at once (join()'s EINVAL cases, a group
-  /// being joined already, rdma_join_multicast(3) refusing).
+  /// being joined already, rdma_join_multicast_ex(3) refusing).
   [[nodiscard]] PendingJoin start_join(std::string_view group, std::chrono::milliseconds timeout = 2s,
+                                       SourceLocation where = SourceLocation::current()) {
+    return start_join(group, Membership::full, timeout, where);
+  }
+  /// start_join() as `membership` says.
+  [[nodiscard]] PendingJoin start_join(std::string_view group, Membership membership,
+                                       std::chrono::milliseconds timeout = 2s,
                                        SourceLocation where = SourceLocation::current());
   /// Leaves `group` (ibv_detach_mcast(3), then rdma_leave_multicast(3)): the QP receives no
   /// more of its messages. Throws ConnectError (EINVAL) for a group not joined.

@@ -256,6 +256,10 @@ class Device {
   /// default partition with full membership, the only one on RoCE (a QP's pkey_index picks its
   /// slot); 0 marks an unused slot. Throws Error (EINVAL for a port that does not exist).
   [[nodiscard]] std::vector<std::uint16_t> pkey_table(std::uint8_t port_num = 1) const;
+  /// The slot of P_Key `pkey` (host byte order, e.g. 0xffff) in a port's table
+  /// (ibv_get_pkey_index(3)): what QpOptions' pkey_index takes. Throws Error: ENOENT when the
+  /// table does not hold it, EINVAL for a port that does not exist.
+  [[nodiscard]] std::uint16_t pkey_index(std::uint16_t pkey, std::uint8_t port_num = 1) const;
   /// Picks a GID, and says why: on RoCE, RoCE v2 before v1, a routable address before a
   /// link-local (fe80::) one, the port's own netdev before a VLAN or macvlan on it, IPv4-mapped
   /// before global IPv6; on InfiniBand, index 0 (IB ports address by LID; the GID is then only

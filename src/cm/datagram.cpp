@@ -44,6 +44,7 @@ struct Datagram::Impl : Endpoint {
     ibv_gid mgid{};
     std::uint16_t mlid = 0;
     bool attached = false;
+    bool send_only = false;  // Membership::send_only: never attached
   };
 
   ibv_qp* qp_handle = nullptr;  // what the groups are attached to: teardown never reads `qp`
@@ -132,8 +133,10 @@ struct PendingJoin::Impl {
     if (e.type != RDMA_CM_EVENT_MULTICAST_JOIN) return std::nullopt;
     g->mgid = e.ah_attr.grh.dgid;
     g->mlid = e.ah_attr.dlid;
-    if (ibv_attach_mcast(d->qp_handle, &g->mgid, g->mlid) != 0) fail(errno, Phase::connect, name + ": ibv_attach_mcast", where);
-    g->attached = true;
+    if (!g->send_only) {
+      if (ibv_attach_mcast(d->qp_handle, &g->mgid, g->mlid) != 0) fail(errno, Phase::connect, name + ": ibv_attach_mcast", where);
+      g->attached = true;
+    }
     DatagramPeer peer{.ah = AddressHandle::from_attributes(*d->pd, e.ah_attr, where),
                       .qp_num = e.ud_qp_num,
                       .qkey = e.ud_qkey,
@@ -465,13 +468,15 @@ DatagramRequest Datagram::accept(milliseconds timeout, std::span<const std::byte
   }
 }
 
-PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, SourceLocation where) {
+PendingJoin Datagram::start_join(std::string_view group, Membership membership, milliseconds timeout,
+                                 SourceLocation where) {
   Impl& d = *impl_;
   const std::string name(group);
   if (d.listening) fail(EINVAL, Phase::connect, "a listening Datagram cannot join " + name + ": join on another one", where);
   auto j = std::make_unique<PendingJoin::Impl>();
   j->g = std::make_unique<Impl::Group>();
   j->g->name = name;
+  j->g->send_only = membership == Membership::send_only;
   j->g->addr = numeric_address(group, 0, Phase::connect, where);
   if (!is_multicast(j->g->addr))
     fail(EINVAL, Phase::connect, name + " is not a multicast address (IPv4 224.0.0.0/4, IPv6 ff00::/8)", where);
@@ -488,18 +493,22 @@ PendingJoin Datagram::start_join(std::string_view group, milliseconds timeout, S
   }
   j->d = &d;
   if (const int err = d.router->command([&] {
-        return rdma_join_multicast(d.id.get(), reinterpret_cast<sockaddr*>(&j->g->addr), j->g.get());  // NOLINT
+        rdma_cm_join_mc_attr_ex attr{};
+        attr.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+        attr.join_flags = j->g->send_only ? RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER : RDMA_MC_JOIN_FLAG_FULLMEMBER;
+        attr.addr = reinterpret_cast<sockaddr*>(&j->g->addr);  // NOLINT
+        return rdma_join_multicast_ex(d.id.get(), &attr, j->g.get());
       })) {
     j->unlist();  // before `g` goes: another thread's read of an EventChannel looks at it
     j->g.reset();  // nothing to leave
     j->end();
-    fail(err, Phase::connect, "rdma_join_multicast(" + name + ")", where);
+    fail(err, Phase::connect, "rdma_join_multicast_ex(" + name + ")", where);
   }
   return PendingJoin(std::move(j));
 }
 
-DatagramPeer Datagram::join(std::string_view group, milliseconds timeout, SourceLocation where) {
-  PendingJoin pending = start_join(group, timeout, where);
+DatagramPeer Datagram::join(std::string_view group, Membership membership, milliseconds timeout, SourceLocation where) {
+  PendingJoin pending = start_join(group, membership, timeout, where);
   for (;;) {
     if (auto peer = pending.step()) return std::move(*peer);
     pending.impl_->inbox.sleep(*impl_->router, pending.deadline(), Phase::connect, where);

@@ -84,7 +84,7 @@ struct Event {
   // RDMA_PS_UDP's ESTABLISHED (a SIDR answer) and MULTICAST_JOIN: where sends go (rdma_ud_param).
   ibv_ah_attr ah_attr{};
   std::uint32_t ud_qp_num = 0, ud_qkey = 0;
-  // MULTICAST_JOIN and MULTICAST_ERROR: the context given to rdma_join_multicast(3).
+  // MULTICAST_JOIN and MULTICAST_ERROR: the context given to rdma_join_multicast_ex(3).
   const void* context = nullptr;
 };
 

@@ -209,6 +209,38 @@ TEST_F(CmDatagram, MulticastReachesEveryMemberUntilItLeaves) {
   expect_no_completion(c.recv_cq(), 1s);
 }
 
+// rdma-core tests/test_rdmacm.py test_rdmacm_async_ex_multicast_traffic (rdma_join_multicast_ex
+// with join flags): a send-only member reaches the full members, and is not attached, so what
+// is sent to the group does not reach it.
+TEST_F(CmDatagram, ASendOnlyMemberSendsToTheGroupAndReceivesNothingOfIt) {
+  Datagram sender(test_addr(), 0), member(test_addr(), 0);
+  const std::string g = group_for(41);
+  const cm::DatagramPeer to_group = sender.join(g, cm::Membership::send_only);
+  const cm::DatagramPeer member_to_group = member.join(g, cm::Membership::full);
+  EXPECT_EQ(to_group.qp_num, cm::multicast_qp_num);
+  EXPECT_EQ(sender.groups(), std::vector<std::string>{g});
+  auto sbuf = MemoryRegion::allocate(sender.pd(), 4096, Access::local_write);
+  auto mbuf = MemoryRegion::allocate(member.pd(), 4096, Access::local_write);
+  ASSERT_TRUE(posted(sender.qp().post_recv(sbuf.slice(1024, kGrh + 512), 30)));
+  ASSERT_TRUE(posted(member.qp().post_recv(mbuf.slice(0, kGrh + 512), 31)));
+  const std::string msg = "from a send-only member";
+  std::memcpy(sbuf.data(), msg.data(), msg.size());
+  ASSERT_TRUE(posted(sender.qp().post(
+      SendWr::send(sbuf.slice(0, msg.size()), {.wr_id = 1, .signaled = true}).to(to_group.ah, to_group.qp_num, to_group.qkey))));
+  EXPECT_TRUE(completed(expect_completion(sender.send_cq()), WcOpcode::send, 1));
+  const Completion got = expect_completion(member.recv_cq());
+  ASSERT_TRUE(got.ok()) << describe(got);
+  EXPECT_EQ(text_of(mbuf.bytes().subspan(kGrh), msg.size()), msg);
+  // The full member's message to the group: not to the send-only one.
+  std::memcpy(mbuf.data() + 2048, msg.data(), msg.size());
+  ASSERT_TRUE(posted(member.qp().post(SendWr::send(mbuf.slice(2048, msg.size()), {.wr_id = 2, .signaled = true})
+                                          .to(member_to_group.ah, member_to_group.qp_num, member_to_group.qkey))));
+  EXPECT_TRUE(completed(expect_completion(member.send_cq()), WcOpcode::send, 2));
+  expect_no_completion(sender.recv_cq(), 1s);
+  sender.leave(g);  // nothing attached to detach
+  EXPECT_TRUE(sender.groups().empty());
+}
+
 TEST_F(CmDatagram, JoinRefusesWhatIsNotAGroupOrJoinedTwice) {
   Datagram a(test_addr(), 0);
   const auto unicast = connect_error([&] { (void)a.join(test_addr()); });

@@ -179,6 +179,23 @@ TEST_F(Device, PkeyTableHoldsTheDefaultPartition) {
   EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument));
 }
 
+// rdma-core tests/test_device.py test_get_pkey_index: the default P_Key's slot is the one
+// pkey_table() shows it in; a P_Key the table lacks, and a port that does not exist, are refused.
+TEST_F(Device, PkeyIndexFindsTheDefaultPartitionWhereTheTableHasIt) {
+  const std::vector<std::uint16_t> keys = dev->pkey_table(1);
+  const std::uint16_t at = dev->pkey_index(0xffff);
+  ASSERT_LT(at, keys.size());
+  EXPECT_EQ(keys[at], 0xffff);
+  EXPECT_EQ(at, 0) << "the default partition is in slot 0";
+  const auto missing = thrown_error([&] { (void)dev->pkey_index(0x1234); });
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->code(), std::make_error_code(std::errc::no_such_file_or_directory)) << missing->what();
+  EXPECT_TRUE(contains(missing->what(), "0x1234")) << missing->what();
+  const auto port = thrown_error([&] { (void)dev->pkey_index(0xffff, static_cast<std::uint8_t>(dev->port_count() + 1)); });
+  ASSERT_TRUE(port);
+  EXPECT_EQ(port->code(), std::make_error_code(std::errc::invalid_argument)) << port->what();
+}
+
 // Port speed (rdma-core tests/test_device.py checks active width and speed): codes the library
 // knows, and a rate. rxe takes them from its netdev's ethtool speed.
 // The port's width and lane rate, decoded by the library, against the kernel's own decoding of
