@@ -507,6 +507,11 @@ QpAttributes QueuePair::query(SourceLocation where) const {
   return q;
 }
 
+int QueuePair::data_in_order(ibv_wr_opcode op, std::uint32_t flags, SourceLocation where) const {
+  check_not_empty_("data_in_order", where);
+  return ibv_query_qp_data_in_order(qp_.get(), op, flags);
+}
+
 QpState QueuePair::refresh_state(SourceLocation where) {
   const QpState s = query_state(where);
   set_state_(static_cast<std::uint8_t>(s));

@@ -389,6 +389,17 @@ class QueuePair {
   /// this object, so it may be called while another thread posts. Throws Error with the errno,
   /// Error(Errc::empty_object) for a moved-from QP.
   [[nodiscard]] QpAttributes query(SourceLocation where = SourceLocation::current()) const;
+  /// ibv_query_qp_data_in_order(3): whether the data of one request of opcode `op` arriving at
+  /// this QP (IBV_WR_RDMA_WRITE, IBV_WR_SEND: the peer's, written here; IBV_WR_RDMA_READ: this
+  /// QP's reads) is written in order, so that a CPU reader may poll the last byte instead of
+  /// the completion. With `flags` 0: 1 if the whole message is written in order, else 0. With
+  /// IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS (1; rdma-core 46 on) the set of
+  /// IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG (1) and _ALIGNED_128_BYTES (2). Never an error from
+  /// the device: a provider without the query (rxe) and a CPU other than x86 give 0, and so
+  /// does rdma-core 46 on for flags it does not know. Not for a target region registered with
+  /// Access::relaxed_ordering. Throws Error(Errc::empty_object) for a moved-from QP.
+  [[nodiscard]] int data_in_order(ibv_wr_opcode op, std::uint32_t flags = 0,
+                                  SourceLocation where = SourceLocation::current()) const;
   /// As query_state(), and makes the device's view this object's state(): for a QP whose
   /// state something else changed (rdma_cm, or ibv_modify_qp on native_handle()). Like the
   /// transitions, not while another thread posts on this QP.

@@ -1,11 +1,12 @@
 // The extended CQ on a device: CompletionQueue::start_poll's passes read the fields asked for
 // at creation, pass after pass without reading what the device never wrote (rxe's
-// ibv_next_poll/ibv_end_poll before rdma-core 55), timestamps probed, and the resize and
-// moderation of any CQ.
+// ibv_next_poll/ibv_end_poll before rdma-core 55), each field alone, UD receives, timestamps
+// probed, creation refused over the device's limits, and the resize and moderation of any CQ.
 #include <array>
 #include <chrono>
 #include <thread>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "fixture.hpp"
@@ -71,6 +72,83 @@ TEST_F(ExtendedCq, APassReadsTheFieldsAskedFor) {
   EXPECT_TRUE(plain.begin() == plain.end());
   EXPECT_EQ(plain.error(), std::error_code(Errc::bad_argument));
   EXPECT_FALSE(plain_cq.extended());
+}
+
+// rdma-core tests/test_cqex.py CQEXAPITest.test_create_cq_ex: an extended CQ made with each
+// completion field alone (and with none); a receive read through it carries that field and no
+// other, and the values read are the receive's.
+TEST_F(ExtendedCq, EachFieldAloneIsReadAndNoOther) {
+  for (const WcField f : {WcField::byte_len, WcField::imm, WcField::qp_num, WcField::src_qp, WcField::slid, WcField::sl,
+                          WcField::dlid_path_bits}) {
+    SCOPED_TRACE(testing::Message() << "WcField 0x" << std::hex << static_cast<std::uint64_t>(f));
+    QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 16, .extended = true, .fields = f});
+    EXPECT_EQ(p.cq_b.fields(), verbs::WcFields(f));
+    ASSERT_TRUE(posted(p.b.post_recv(dst->slice(0, 4096), 1)));
+    ASSERT_TRUE(posted(p.a.post_send_imm(src->slice(0, 100), 5, {.wr_id = 2})));
+    const std::vector<ExCompletion> got = collect_ex(p.cq_b, 1);
+    ASSERT_EQ(got.size(), 1u);
+    const ExCompletion& c = got[0];
+    EXPECT_TRUE(c.ok() && c.wr_id() == 1 && c.opcode() == WcOpcode::recv) << c.error_code().message();
+    EXPECT_EQ(c.fields(), verbs::WcFields(f));
+    EXPECT_EQ(c.byte_len(), f == WcField::byte_len ? std::optional<std::uint32_t>(100) : std::nullopt);
+    EXPECT_EQ(c.imm_data(), f == WcField::imm ? std::optional<std::uint32_t>(5) : std::nullopt);
+    EXPECT_EQ(c.qp_num(), f == WcField::qp_num ? std::optional<std::uint32_t>(p.b.qp_num()) : std::nullopt);
+    EXPECT_EQ(c.src_qp().has_value(), f == WcField::src_qp);
+    EXPECT_EQ(c.slid().has_value(), f == WcField::slid);
+    EXPECT_EQ(c.sl().has_value(), f == WcField::sl);
+    EXPECT_EQ(c.dlid_path_bits().has_value(), f == WcField::dlid_path_bits);
+  }
+  const verbs::CompletionQueue none(*dev, {.extended = true, .fields = {}});
+  EXPECT_TRUE(none.extended());
+  EXPECT_TRUE(none.fields().empty());
+}
+
+// rdma-core tests/test_cqex.py CQEXAPITest.test_create_cq_ex_bad_flow: an extended CQ deeper
+// than the device's max_cqe, or on a completion vector past the last (without a channel), is
+// refused with EINVAL by ibv_create_cq_ex; at max_cqe and on the last vector it is made.
+TEST_F(ExtendedCq, OverMaxCqeOrOnACompletionVectorOutOfRangeIsRefused) {
+  const int max_cqe = dev->attributes().orig_attr.max_cqe;
+  const int vectors = dev->native_handle()->num_comp_vectors;
+  const auto deep = thrown_error([&] { verbs::CompletionQueue cq(*dev, {.depth = max_cqe + 1, .extended = true}); });
+  ASSERT_TRUE(deep);
+  EXPECT_EQ(deep->code(), std::errc::invalid_argument) << deep->what();
+  EXPECT_EQ(deep->context(), "ibv_create_cq_ex");
+  const auto vector =
+      thrown_error([&] { verbs::CompletionQueue cq(*dev, {.comp_vector = vectors, .extended = true}); });
+  ASSERT_TRUE(vector);
+  EXPECT_EQ(vector->code(), std::errc::invalid_argument) << vector->what();
+  EXPECT_EQ(vector->context(), "ibv_create_cq_ex");
+  const verbs::CompletionQueue big(*dev, {.depth = max_cqe, .extended = true});
+  EXPECT_GE(big.capacity(), max_cqe);
+  const verbs::CompletionQueue last(*dev, {.depth = 16, .comp_vector = vectors - 1, .extended = true});
+  EXPECT_TRUE(last.extended());
+}
+
+// rdma-core tests/test_cqex.py CqExTestCase.test_ud_traffic_cq_ex: UD sends whose completions
+// are read through the extended CQ's passes: the receive says which QP sent it, and its
+// byte_len counts the 40-byte GRH before the payload.
+TEST_F(ExtendedCq, UdReceivesReadThroughAPassNameTheSenderAndCountTheGrh) {
+  QpPair u(*dev, *pd, {.type = verbs::QpType::ud}, QpPair::fast(),
+           {.depth = 64, .extended = true, .fields = WcField::byte_len | WcField::qp_num | WcField::src_qp});
+  const verbs::AddressHandle ah(*pd, u.a, u.b.endpoint());
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(posted(u.b.post_recv(dst->slice(i * 1024, 40 + 512), 10 + i)));
+    ASSERT_TRUE(posted(u.a.post(verbs::SendWr::send(src->slice(i * 512, 100 + i), {.wr_id = i})
+                                    .to(ah, u.b.qp_num(), u.b.endpoint().qkey))));
+  }
+  const std::vector<ExCompletion> b = collect_ex(u.cq_b, 3);
+  ASSERT_EQ(b.size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(b[i].ok() && b[i].wr_id() == 10 + i && b[i].opcode() == WcOpcode::recv) << b[i].wr_id();
+    EXPECT_EQ(b[i].byte_len(), 40 + 100 + i);
+    EXPECT_EQ(b[i].src_qp(), u.a.qp_num());
+    EXPECT_EQ(b[i].qp_num(), u.b.qp_num());
+    EXPECT_NE(b[i].wc_flags() & IBV_WC_GRH, 0u);
+    EXPECT_TRUE(same_bytes(dst->bytes().subspan(i * 1024 + 40, 100 + i), src->bytes().subspan(i * 512, 100 + i)));
+  }
+  const std::vector<ExCompletion> a = collect_ex(u.cq_a, 3);
+  ASSERT_EQ(a.size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) EXPECT_TRUE(a[i].ok() && a[i].wr_id() == i && a[i].opcode() == WcOpcode::send);
 }
 
 // Rounds of 1-3 completions, each read by passes to the end and followed by a pass over the

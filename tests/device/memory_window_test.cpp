@@ -1,9 +1,12 @@
 // MemoryWindow on a device: type 2 bound by a work request and type 1 by ibv_bind_mw, remote
 // access through the window's rkey, local invalidate and send with invalidate, the rkey the
-// wrapper tracks, the checks before posting, and teardown in any order without rxe's 51 s stall.
+// wrapper tracks, a window closed by a zero-length bind (type 1) or by deallocating it (type 2),
+// a read-only window bound through a batch, the checks before posting, and teardown in any order
+// without rxe's 51 s stall.
 #include <chrono>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "fixture.hpp"
 
@@ -283,6 +286,65 @@ TEST_F(Window, Type1BindThroughIbvBindMwOpensTheRange) {
   EXPECT_TRUE(same_bytes(target->bytes().subspan(1024, 2048), src->bytes().first(2048)));
   // Type 1 windows are taken back by a bind to nothing, not by LOCAL_INV.
   EXPECT_TRUE(rejected(w->invalidate(p.b), Errc::bad_argument));
+}
+
+// rdma-core tests/test_mr.py MWTest.test_invalidate_mw_type1: a type 1 window is taken back by
+// a bind to a zero-length range; the peer's write through the rkey it had then fails.
+TEST_F(Window, AType1WindowBoundToNothingRefusesItsOldRkey) {
+  QpPair p(*dev, *pd, {.access = all_access});
+  std::optional<MemoryWindow> w;
+  try {
+    w.emplace(*pd, MwType::type1);
+  } catch (const verbs::Error& e) {
+    GTEST_SKIP() << dev->name() << " has no type 1 memory windows: " << e.what();
+  }
+  bind(*w, p.b, p.cq_b, 0, 4096);
+  const verbs::RemoteSlice old = w->remote();
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), old, {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  bind(*w, p.b, p.cq_b, 0, 0);
+  EXPECT_FALSE(w->bound());
+  EXPECT_EQ(w->remote().length, 0u);
+  const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
+  fill_pattern(src->bytes().first(64), 9);
+  expect_refused(p, old, 2);
+  EXPECT_TRUE(same_bytes(target->bytes(), before));
+}
+
+// rdma-core tests/test_mr.py MWTest.test_mw_type2_invalidate_dealloc: a bound type 2 window
+// deallocated (destroyed) closes its range: the peer's write through its rkey then fails.
+TEST_F(Window, ADeallocatedType2WindowRefusesItsRkey) {
+  VERBS_NEED_TYPE2();
+  QpPair p(*dev, *pd, {.access = all_access});
+  std::optional<MemoryWindow> w(std::in_place, *pd, MwType::type2);
+  bind(*w, p.b, p.cq_b, 0, 4096);
+  const verbs::RemoteSlice gone = w->remote();
+  ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), gone, {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
+  w.reset();
+  const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
+  fill_pattern(src->bytes().first(64), 9);
+  expect_refused(p, gone, 2);
+  EXPECT_TRUE(same_bytes(target->bytes(), before));
+}
+
+// rdma-core tests/test_qpex.py test_qp_ex_rc_bind_mw: a type 2 window bound through the batch
+// (ibv_wr_bind_mw) with remote_read only: the peer's read through it works, its write fails.
+TEST_F(Window, AReadOnlyWindowBoundThroughABatchRefusesTheWrite) {
+  VERBS_NEED_TYPE2();
+  QpPair p(*dev, *pd, {.access = all_access, .extended = true});
+  ASSERT_NE(p.b.send_ops() & IBV_QP_EX_WITH_BIND_MW, 0u);
+  fill_pattern(target->bytes(), 4);
+  const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
+  MemoryWindow w(*pd);
+  bind(w, p.b, p.cq_b, 4096, 4096, Access::remote_read);
+  ASSERT_TRUE(posted(p.a.batch().read(dst->slice(0, 4096), w.remote(), {.wr_id = 1}).complete()));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_read, 1));
+  EXPECT_TRUE(same_bytes(dst->bytes().first(4096), std::span(before).subspan(4096, 4096)));
+  ASSERT_TRUE(posted(p.a.batch().write(src->slice(0, 64), w.remote().slice(0, 64), {.wr_id = 2}).complete()));
+  const Completion c = expect_completion(p.cq_a);
+  EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
+  EXPECT_TRUE(same_bytes(target->bytes(), before));
 }
 
 TEST_F(Window, BindsTheRegionOrTheQpCannotTakeAreRejectedWithNothingPosted) {

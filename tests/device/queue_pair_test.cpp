@@ -1,5 +1,6 @@
 // QueuePair: every RC operation between two QPs on one device, checked byte for byte; UC;
-// inline data; chains; and the checks that refuse a request before anything is posted.
+// inline data; chains; the checks that refuse a request before anything is posted; capacities
+// over the device's limits; what query() and data_in_order() read.
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -332,6 +334,25 @@ TEST_F(QueuePair, CompareSwapReturnsTheOldValueAndSwapsOnlyOnAMatch) {
   EXPECT_EQ(word(*dst, 0), 0x0123456789abcdefu) << "no match: unchanged";
 }
 
+// rdma-core tests/test_atomic.py AtomicTest.test_atomic_invalid_lkey: a fetch-and-add whose
+// result slice has a bad lkey fails on the requester's side (LOC_PROT_ERR), its result slice
+// unwritten. rxe (Linux 6.1, 6.12 and 7.2 alike, unlike a write's bad lkey) checks the lkey only
+// when the old value comes back: the responder has already added, and that is asserted there.
+TEST_F(QueuePair, AFetchAddWithABadResultLkeyFailsLocally) {
+  QpPair p(*dev, *pd, rc());
+  set_word(*dst, 64, 1000);
+  set_word(*src, 128, 7);
+  const LocalSlice r = src->slice(128, 8);
+  ASSERT_TRUE(posted(p.a.post_fetch_add(LocalSlice{r.addr(), 8, r.lkey() ^ 0x5a00}, dst->remote().slice(64, 8), 42,
+                                        {.wr_id = 10})));
+  const verbs::Completion c = expect_completion(p.cq_a);
+  EXPECT_EQ(c.wr_id(), 10u);
+  EXPECT_EQ(c.status(), verbs::WcStatus::loc_prot_err) << platform(*dev) << ": " << describe(c);
+  EXPECT_EQ(word(*src, 128), 7u) << "the old value landed through a bad lkey";
+  if (is_rxe(*dev)) { EXPECT_EQ(word(*dst, 64), 1042u) << platform(*dev) << ": the responder added after all"; }
+  EXPECT_EQ(p.a.query_state(), QpState::err);
+}
+
 TEST_F(QueuePair, WriteGathersThreeUnequalSlices) {
   QpPair p(*dev, *pd, rc());
   const std::array<LocalSlice, 3> parts{src->slice(0, 100), src->slice(1000, 2000), src->slice(5001, 37)};
@@ -455,6 +476,81 @@ TEST_F(QueuePair, CapacityOverTheDeviceLimitSaysWhichAndTheLimit) {
   ASSERT_TRUE(e);
   EXPECT_TRUE(contains(e->context(), "max_send_sge " + std::to_string(max_sge + 1))) << e->context();
   EXPECT_TRUE(contains(e->context(), "max_sge " + std::to_string(max_sge))) << e->context();
+}
+
+// rdma-core tests/test_qp.py test_create_raw_qp_ex_with_illegal_caps_max_send_wr,
+// _max_recv_wr and _max_recv_sge (which make UD QPs): a queue deeper than the device's
+// max_qp_wr, or more receive SGEs than its max_sge, is refused (EINVAL) naming the field and the
+// limit, for RC and UD, through ibv_create_qp and ibv_create_qp_ex alike.
+TEST_F(QueuePair, QueueDepthsAndReceiveSgesOverTheDeviceLimitSayWhichAndTheLimit) {
+  verbs::CompletionQueue cq(*dev);
+  const auto max_wr = static_cast<std::uint32_t>(dev->attributes().orig_attr.max_qp_wr);
+  const auto max_sge = static_cast<std::uint32_t>(dev->attributes().orig_attr.max_sge);
+  const std::string wr_over = std::to_string(max_wr + 1), sge_over = std::to_string(max_sge + 1);
+  const std::tuple<QpOptions, std::string, std::string> cases[] = {
+      {{.max_send_wr = max_wr + 1}, "max_send_wr " + wr_over, "max_qp_wr " + std::to_string(max_wr)},
+      {{.max_recv_wr = max_wr + 1}, "max_recv_wr " + wr_over, "max_qp_wr " + std::to_string(max_wr)},
+      {{.max_recv_sge = max_sge + 1}, "max_recv_sge " + sge_over, "max_sge " + std::to_string(max_sge)},
+  };
+  for (const auto& [options, field, limit] : cases) {
+    for (const QpType type : {QpType::rc, QpType::ud}) {
+      for (const bool extended : {false, true}) {
+        SCOPED_TRACE(field + ", " + std::string(verbs::to_string(type)) + (extended ? ", extended" : ""));
+        QpOptions o = options;
+        o.type = type;
+        o.extended = extended;
+        const auto e = thrown_error([&] { verbs::QueuePair qp(*pd, cq, o); });
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->code(), std::make_error_code(std::errc::invalid_argument)) << e->what();
+        EXPECT_TRUE(contains(e->context(), "QpOptions::" + field + " exceeds the device's " + limit)) << e->context();
+      }
+    }
+  }
+}
+
+// rdma-core tests/test_qp.py test_query_uc_qp and test_query_ud_qp: a fresh UC or UD QP reads
+// back RESET and at least the capacities asked for.
+TEST_F(QueuePair, QueryOfAFreshUcOrUdQpSaysResetAndAtLeastTheCapacitiesAsked) {
+  verbs::CompletionQueue cq(*dev);
+  for (const QpType type : {QpType::uc, QpType::ud}) {
+    SCOPED_TRACE(verbs::to_string(type));
+    const verbs::QueuePair qp(*pd, cq,
+                              {.type = type, .max_send_wr = 40, .max_recv_wr = 50, .max_send_sge = 2, .max_recv_sge = 3,
+                               .max_inline_data = 32});
+    const verbs::QpAttributes q = qp.query();
+    EXPECT_EQ(q.state, QpState::reset);
+    EXPECT_GE(q.max_send_wr, 40u);
+    EXPECT_GE(q.max_recv_wr, 50u);
+    EXPECT_GE(q.max_send_sge, 2u);
+    EXPECT_GE(q.max_recv_sge, 3u);
+    EXPECT_GE(q.max_inline_data, 32u);
+    EXPECT_EQ(q.max_recv_sge, qp.max_recv_sge()) << "what creation granted";
+  }
+}
+
+// rdma-core tests/test_qp.py test_query_data_in_order: ibv_query_qp_data_in_order(3) on a QP in
+// RTS. rxe's provider has no such query, so libibverbs' default answers 0 (not in order) for
+// every opcode and flag: asserted there. Elsewhere 0 or 1; with RETURN_CAPS (1, rdma-core 46
+// on) a set of WHOLE_MSG (1) and ALIGNED_128_BYTES (2).
+TEST_F(QueuePair, DataInOrderAnswersForAnRcQpAndAMovedFromOneRefuses) {
+  QpPair p(*dev, *pd, rc());
+  for (const ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_SEND, IBV_WR_RDMA_READ}) {
+    SCOPED_TRACE(testing::Message() << "opcode " << op);
+    const int plain = p.a.data_in_order(op);
+    const int caps = p.a.data_in_order(op, 1);
+    if (is_rxe(*dev)) {
+      EXPECT_EQ(plain, 0) << platform(*dev);
+      EXPECT_EQ(caps, 0) << platform(*dev);
+    } else {
+      EXPECT_TRUE(plain == 0 || plain == 1) << plain;
+      EXPECT_TRUE(caps >= 0 && caps <= 3) << caps;
+    }
+  }
+  verbs::QueuePair moved(std::move(p.a));
+  const auto e = thrown_error([&] { (void)p.a.data_in_order(IBV_WR_SEND); });  // NOLINT(bugprone-use-after-move)
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::empty_object) << e->what();
+  EXPECT_TRUE(contains(e->what(), "data_in_order")) << e->what();
 }
 
 TEST_F(QueuePair, FourMebibyteWriteLandsIntact) {

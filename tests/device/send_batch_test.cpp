@@ -1,18 +1,25 @@
 // The extended QP API on a device: SendBatch's requests land with their data checked, a
 // refused batch posts nothing and leaves the QP usable, multi-SGE requests of unequal lengths
 // arrive whole (rxe's ibv_wr_set_sge_list miscounts them), UD through ibv_wr_set_ud_addr, a
-// batch longer than the send queue, and atomic write where the device reports it.
+// batch longer than the send queue, zero-length requests, a UC QP made with the extended API, and
+// atomic write where the device reports it.
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "fixture.hpp"
 
 namespace {
 
 using namespace verbs::test;
+using verbs::Access;
 using verbs::Completion;
 using verbs::Errc;
 using verbs::LocalSlice;
+using verbs::QpState;
 using verbs::QpType;
 using verbs::SendWr;
 using verbs::WcOpcode;
@@ -188,6 +195,80 @@ TEST_F(ExtendedQp, UdSendsGoThroughTheBatchWithTheirAddress) {
   EXPECT_EQ(b[1].imm_data(), 77u);
   EXPECT_TRUE(same_bytes(dst->bytes().subspan(2048 + 40, 20), src->bytes().subspan(500, 20)));
   EXPECT_TRUE(rejected(u.a.batch().send(src->slice(0, 8)).complete(), Errc::ud_needs_address));
+}
+
+// rdma-core tests/test_qpex.py test_qp_ex_rc_rdma_write_zero_size and
+// test_qp_ex_rc_rdma_read_zero_size: a zero-length write and a zero-length read through the
+// batch complete, and move no byte either way.
+TEST_F(ExtendedQp, AZeroLengthWriteAndReadThroughABatchComplete) {
+  fill_pattern(dst->bytes(), 2);
+  const std::vector<std::byte> local = pattern(kRegion, 1), remote = pattern(kRegion, 2);
+  ASSERT_TRUE(posted(p->a.batch()
+                         .write(src->slice(0, 0), dst->remote().slice(0, 0), {.wr_id = 1})
+                         .read(src->slice(100, 0), dst->remote().slice(200, 0), {.wr_id = 2})
+                         .complete()));
+  const std::vector<Completion> a = collect(p->cq_a, 2);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_TRUE(completed(a[0], WcOpcode::rdma_write, 1)) << describe(a[0]);
+  EXPECT_TRUE(completed(a[1], WcOpcode::rdma_read, 2)) << describe(a[1]);
+  EXPECT_TRUE(same_bytes(dst->bytes(), remote));
+  EXPECT_TRUE(same_bytes(src->bytes(), local));
+  expect_no_completion(p->cq_b, 50ms);
+}
+
+// rdma-core tests/test_qpex.py test_qp_ex_ud_zero_size: a zero-length UD send through the batch
+// arrives as a receive of 40 bytes, the GRH alone.
+TEST_F(ExtendedQp, AZeroLengthUdSendThroughABatchArrivesAsTheGrhAlone) {
+  QpPair u(*dev, *pd, {.type = QpType::ud, .extended = true});
+  const verbs::Endpoint peer = u.b.endpoint();
+  const verbs::AddressHandle ah(*pd, u.a, peer);
+  ASSERT_TRUE(posted(u.b.post_recv(dst->slice(0, 40 + 64), 1)));
+  ASSERT_TRUE(posted(
+      u.a.batch().add(SendWr::send(src->slice(0, 0), {.wr_id = 2}).to(ah, peer.qp_num, peer.qkey)).complete()));
+  EXPECT_TRUE(completed(expect_completion(u.cq_a), WcOpcode::send, 2));
+  const Completion r = expect_completion(u.cq_b);
+  ASSERT_TRUE(completed(r, WcOpcode::recv, 1));
+  EXPECT_EQ(r.byte_len(), 40u);
+  EXPECT_EQ(r.src_qp(), u.a.qp_num());
+  EXPECT_TRUE(all_bytes(dst->bytes().subspan(40, 64), std::byte{0}));
+}
+
+// rdma-core tests/test_qp.py test_create_uc_qp_ex_no_attr: a UC QP made with ibv_create_qp_ex
+// starts in RESET, with UC's send operations only, and its batch refuses to post there.
+TEST_F(ExtendedQp, AnExtendedUcQpStartsInResetWithUcOperationsOnly) {
+  verbs::CompletionQueue cq(*dev);
+  const verbs::QueuePair qp(*pd, cq, {.type = QpType::uc, .access = Access::remote_write, .extended = true});
+  ASSERT_TRUE(qp.extended());
+  EXPECT_EQ(qp.type(), QpType::uc);
+  EXPECT_EQ(qp.state(), QpState::reset);
+  EXPECT_EQ(qp.query_state(), QpState::reset);
+  EXPECT_NE(qp.send_ops() & IBV_QP_EX_WITH_RDMA_WRITE, 0u);
+  EXPECT_EQ(qp.send_ops() & (std::uint64_t{IBV_QP_EX_WITH_RDMA_READ} | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD), 0u);
+  EXPECT_TRUE(rejected(qp.batch().write(src->slice(0, 8), dst->remote().slice(0, 8)).complete(), Errc::bad_qp_state));
+  expect_no_completion(cq, 50ms);
+}
+
+// rdma-core tests/test_qp.py test_create_uc_qp_ex_with_attr: that QP taken to INIT, RTR and RTS
+// towards a peer, each state as the device reports it; then a write through its batch lands.
+TEST_F(ExtendedQp, AnExtendedUcQpTakenToRtsWritesThroughItsBatch) {
+  verbs::CompletionQueue cq_a(*dev), cq_b(*dev);
+  const verbs::QpOptions uc{.type = QpType::uc, .access = Access::local_write | Access::remote_write, .extended = true};
+  verbs::QueuePair a(*pd, cq_a, uc), b(*pd, cq_b, uc);
+  a.to_init();
+  EXPECT_EQ(a.query_state(), QpState::init);
+  a.to_rtr(b.endpoint(), QpPair::fast());
+  EXPECT_EQ(a.query_state(), QpState::rtr);
+  a.to_rts(QpPair::fast());
+  EXPECT_EQ(a.query_state(), QpState::rts);
+  b.connect(a.endpoint(), QpPair::fast());
+  ASSERT_TRUE(posted(a.batch().write(src->slice(0, 3000), dst->remote().slice(5, 3000), {.wr_id = 1}).complete()));
+  EXPECT_TRUE(completed(expect_completion(cq_a), WcOpcode::rdma_write, 1));
+  // UC has no acknowledgements: the sender's completion does not prove arrival, so wait for the bytes.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!std::ranges::equal(dst->bytes().subspan(5, 3000), src->bytes().first(3000)) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(same_bytes(dst->bytes().subspan(5, 3000), src->bytes().first(3000)));
 }
 
 // Atomic write (IBA 1.5): only where the device reports IB_UVERBS_DEVICE_ATOMIC_WRITE

@@ -1,7 +1,8 @@
 // Unreliable datagrams: sends through an AddressHandle arrive after the 40-byte GRH, and a
-// reply goes back through AddressHandle::reply_to.
+// reply goes back through AddressHandle::reply_to; a privileged Q_Key; relaxed-ordering regions.
 #include <array>
 #include <type_traits>
+#include <vector>
 
 #include "fixture.hpp"
 
@@ -59,6 +60,45 @@ TEST_F(UnreliableDatagram, QueryReadsBackTheQkeyPortAndSendPsn) {
   EXPECT_TRUE(completed(expect_completion(q.cq_a), WcOpcode::send, 2));
   EXPECT_TRUE(completed(expect_completion(q.cq_b), WcOpcode::recv, 1));
   EXPECT_EQ(q.a.query().sq_psn, (q.a.endpoint().psn + 1) & 0xffffffu);
+}
+
+// rdma-core tests/test_qp.py test_create_ud_qp_with_privileged_qkey: the privileged Q_Key
+// 0x80000000 (its high bit set: newer kernels let only CAP_NET_RAW set one; the tests run as
+// root) is taken at INIT and read back, on a QP made with ibv_create_qp and with ibv_create_qp_ex.
+TEST_F(UnreliableDatagram, APrivilegedQkeyIsTakenAndReadBack) {
+  verbs::CompletionQueue cq(*dev);
+  for (const bool extended : {false, true}) {
+    SCOPED_TRACE(extended ? "extended" : "plain");
+    verbs::QueuePair qp(*pd, cq, {.type = QpType::ud, .qkey = 0x80000000, .extended = extended});
+    qp.to_init();
+    EXPECT_EQ(qp.query().qkey, 0x80000000u);
+    EXPECT_EQ(qp.endpoint().qkey, 0x80000000u);
+  }
+}
+
+// rdma-core tests/test_relaxed_ordering.py RoTestCase.test_ro_ud_traffic: UD sends between
+// regions registered with Access::relaxed_ordering (an optional right: a device that does not
+// reorder registers them all the same) arrive whole and in order.
+TEST_F(UnreliableDatagram, SendsBetweenRelaxedOrderingRegionsArriveByteForByte) {
+  const verbs::AccessFlags ro = verbs::Access::local_write | verbs::Access::relaxed_ordering;
+  const verbs::MemoryRegion out = verbs::MemoryRegion::allocate(*pd, 4096, ro);
+  const verbs::MemoryRegion in = verbs::MemoryRegion::allocate(*pd, 4096, ro);
+  EXPECT_EQ(out.access(), ro);
+  fill_pattern(out.bytes(), 6);
+  const verbs::AddressHandle ah = ah_to_b();
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(posted(p->b.post_recv(in.slice(i * 1024, kGrh + 900), 40 + i)));
+    SendWr w = SendWr::send(out.slice(i * 900, 900), {.wr_id = i});
+    ASSERT_TRUE(posted(p->a.post(w.to(ah, p->b.qp_num(), p->b.endpoint().qkey))));
+  }
+  EXPECT_EQ(collect(p->cq_a, 3).size(), 3u);
+  const std::vector<Completion> r = collect(p->cq_b, 3);
+  ASSERT_EQ(r.size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(completed(r[i], WcOpcode::recv, 40 + i));
+    EXPECT_EQ(r[i].byte_len(), kGrh + 900);
+    EXPECT_TRUE(same_bytes(in.bytes().subspan(i * 1024 + kGrh, 900), out.bytes().subspan(i * 900, 900)));
+  }
 }
 
 TEST_F(UnreliableDatagram, SendArrivesAfterTheFortyByteGrh) {

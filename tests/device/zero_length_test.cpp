@@ -1,6 +1,7 @@
 // Counterparts of rdma-core's tests/ groups the other files do not cover: zero-length write,
 // read and send (test_qp.py), a CQ at the device's max_cqe and a completion vector out of range
-// (test_cq.py), a full receive queue on the device (test_qp.py's rq overflow).
+// (test_cq.py), a full receive queue on the device (test_qp.py's rq overflow), the extended port
+// count (test_device.py).
 #include <vector>
 
 #include "fixture.hpp"
@@ -39,6 +40,21 @@ TEST_F(VerbsSuite, ACqOfTheDevicesMaxCqeAndACompletionVectorOutOfRange) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
   verbs::CompletionQueue last(*dev, {.with_channel = true, .comp_vector = vectors - 1});  // the last one is fine
+}
+
+// rdma-core tests/test_device.py DeviceTest.test_phys_port_cnt_ex: the 32-bit port count of
+// ibv_query_device_ex agrees with the 8-bit one (which stops at 255), and port_count() is the
+// latter. rxe has one port.
+TEST_F(VerbsSuite, TheExtendedPortCountAgreesWithTheEightBitOne) {
+  const ibv_device_attr_ex& a = dev->attributes();
+  EXPECT_GE(a.phys_port_cnt_ex, 1u);
+  if (a.phys_port_cnt_ex > 255) {
+    EXPECT_EQ(a.orig_attr.phys_port_cnt, 255);
+  } else {
+    EXPECT_EQ(a.phys_port_cnt_ex, a.orig_attr.phys_port_cnt);
+  }
+  EXPECT_EQ(dev->port_count(), a.orig_attr.phys_port_cnt);
+  if (is_rxe(*dev)) { EXPECT_EQ(a.phys_port_cnt_ex, 1u) << platform(*dev); }
 }
 
 // More receives than the queue holds: the device refuses the one too many (ibv_post_recv's
