@@ -134,12 +134,14 @@ listening() {
 }
 
 # finish STATUS: waits for every process started, shows its output, and checks its status (any:
-# only that it finished in time).
+# only that it finished in time; each one's status is then in exit_of[LABEL]).
+declare -A exit_of=()
 finish() {
   local expected=$1 i status
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}"
     status=$?
+    exit_of[${labels[$i]}]=$status
     echo "---- ${labels[$i]}: exit $status"
     cat "$work/${labels[$i]}.out"
     sed 's/^/stderr: /' "$work/${labels[$i]}.err"
@@ -400,8 +402,12 @@ case $case_name in
       expect server "^multicast: received 10 messages of 100 bytes from $group\$"
     else
       finish any
+      [ "${exit_of[client]}" -eq 0 ] || fail "mckey exited with ${exit_of[client]}, expected 0"
       expect client '^return status 0$'
-      if ! grep -q "^multicast: received 10 messages of 100 bytes from $group\$" "$work/server.out"; then
+      if [ "${exit_of[server]}" -eq 0 ]; then
+        expect server "^multicast: received 10 messages of 100 bytes from $group\$"
+      else
+        [ "${exit_of[server]}" -eq 1 ] || fail "our receiver exited with ${exit_of[server]}, expected 0 or 1"
         expect_err server '^multicast: received [0-9] of 10 messages; nothing more within 10 s$'
         echo "$case_name: mckey's own loss on Linux $(uname -r): $(grep -o 'received [0-9]* of 10' "$work/server.err")"
       fi

@@ -15,9 +15,10 @@ A.Skips        rxe-6.1,rxe-6.12   no feature
 B.SkipsOnAsan  asan:rxe-*         asan only
 C.Gone         rxe-6.1            renamed since
 D.ElsewhereOnly rxe-7.2           listed for a platform no step ran here
+F.AsanBoth     asan:rxe-6.1,asan:rxe-7.2  a step prefix per item
 LIST
 # One step on rxe-6.12 (gtest results), one asan step on rxe-7.2.
-printf 'skipped\tA.Skips\tno feature\npassed\tB.SkipsOnAsan\t\npassed\tD.ElsewhereOnly\t\n' >"$work/r1"
+printf 'skipped\tA.Skips\tno feature\npassed\tB.SkipsOnAsan\t\npassed\tD.ElsewhereOnly\t\npassed\tF.AsanBoth\t\n' >"$work/r1"
 printf 'skipped\tB.SkipsOnAsan\tasan\nskipped\tE.Unlisted\tsomething\n' >"$work/r2"
 printf '  Test #1: verbs_device_tests\n' >"$work/entries"
 : >"$work/log"
@@ -49,6 +50,13 @@ out=$("$check" --complete "$work/list" "softroce=rxe-6.12:$work/log:$work/r1:$wo
 grep -q '^SKIP LISTED, NEVER RAN C.Gone (rxe-6.1)' <<<"$out" || fail "C.Gone not stale: $out"
 grep -q 'NEVER RAN D.ElsewhereOnly' <<<"$out" && fail "D.ElsewhereOnly ran (on rxe-6.12), yet called stale: $out"
 grep -q ', 1 listed that never ran$' <<<"$out" || fail "stale count: $out"
+
+# A STEP: prefix belongs to its own comma item: F skips under asan on rxe-7.2, not under softroce.
+printf 'skipped\tF.AsanBoth\tasan\n' >"$work/r5"
+out=$("$check" "$work/list" "asan=rxe-7.2:$work/log:$work/r5:$work/entries" 2>&1)
+[ $? -eq 0 ] || fail "F.AsanBoth under asan on rxe-7.2: refused: $out"
+out=$("$check" "$work/list" "softroce=rxe-7.2:$work/log:$work/r5:$work/entries" 2>&1)
+[ $? -eq 1 ] || fail "F.AsanBoth under softroce: allowed: $out"
 
 [ "$failures" -eq 0 ] && echo "check-skips: all cases as expected"
 exit $((failures > 0))
