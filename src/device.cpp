@@ -593,8 +593,12 @@ std::string_view async_event_type_name(ibv_event_type type) noexcept {
     case IBV_EVENT_CLIENT_REREGISTER: return "CLIENT_REREGISTER";
     case IBV_EVENT_GID_CHANGE: return "GID_CHANGE";
     case IBV_EVENT_WQ_FATAL: return "WQ_FATAL";
+    default:
+      // Newer rdma-core adds events (its headers name more enumerators than these): by value, so
+      // that the code builds against older and newer headers alike.
+      if (static_cast<int>(type) == static_cast<int>(IBV_EVENT_WQ_FATAL) + 1) return "DEVICE_SPEED_CHANGE";  // rdma-core 62
+      return "UNKNOWN";
   }
-  return "UNKNOWN";
 }
 
 AsyncHub::AsyncHub(std::shared_ptr<ibv_context> ctx) : ctx_(ctx.get()) {

@@ -336,6 +336,11 @@ TEST(AsyncEvent, ClassifiesEachType) {
   verbs::AsyncEvent odd;
   odd.type = static_cast<ibv_event_type>(31);  // no such event
   EXPECT_EQ(odd.type_name(), "UNKNOWN");
+  // Newer rdma-core's DEVICE_SPEED_CHANGE (after WQ_FATAL), named whatever the headers here say.
+  verbs::AsyncEvent speed;
+  speed.type = static_cast<ibv_event_type>(static_cast<int>(IBV_EVENT_WQ_FATAL) + 1);
+  EXPECT_EQ(speed.type_name(), "DEVICE_SPEED_CHANGE");
+  EXPECT_FALSE(speed.is_fatal());
 }
 
 // An event names its QP by handle and by the number read before the acknowledgement: a QP
