@@ -454,7 +454,12 @@ TEST_F(MemoryRegion, AdviseFaultsPagesInOrIsRefusedSayingWhy) {
   const FreshPages pages(64 * 1024);
   ASSERT_NE(pages.at, MAP_FAILED);
   verbs::MemoryRegion odp(*pd, pages.bytes(), Access::local_write | Access::remote_write | Access::on_demand);
-  const auto e = thrown_error([&] { odp.advise(std::array{odp.slice(0, 32 * 1024)}); });
+  std::optional<verbs::Error> e;  // (thrown_error() would call a success a failure)
+  try {
+    odp.advise(std::array{odp.slice(0, 32 * 1024)});
+  } catch (const verbs::Error& error) {
+    e = error;
+  }
   const int rdma_core = rdma_core_version();
   if (is_rxe(*dev) && rdma_core < 59) {
     ASSERT_TRUE(e) << platform(*dev) << " with rdma-core " << rdma_core

@@ -59,6 +59,14 @@ class Window : public RegionsTest<64 * 1024> {
     const Completion c = expect_completion(p.cq_a);
     EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
   }
+  /// After `old` was closed (its window bound to nothing, or gone): a write of new bytes through
+  /// it fails REM_ACCESS_ERR and changes nothing in the target.
+  void expect_closed(QpPair& p, const verbs::RemoteSlice& old) const {
+    const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
+    fill_pattern(src->bytes().first(64), 9);
+    expect_refused(p, old, 2);
+    EXPECT_TRUE(same_bytes(target->bytes(), before));
+  }
   /// a sends to b with invalidate of `w` (bound through b); returns b's receive completion.
   Completion peer_invalidates(QpPair& p, const MemoryWindow& w) const {
     EXPECT_TRUE(posted(p.b.post_recv(dst->slice(0, 256), 9)));
@@ -305,10 +313,7 @@ TEST_F(Window, AType1WindowBoundToNothingRefusesItsOldRkey) {
   bind(*w, p.b, p.cq_b, 0, 0);
   EXPECT_FALSE(w->bound());
   EXPECT_EQ(w->remote().length, 0u);
-  const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
-  fill_pattern(src->bytes().first(64), 9);
-  expect_refused(p, old, 2);
-  EXPECT_TRUE(same_bytes(target->bytes(), before));
+  expect_closed(p, old);
 }
 
 // rdma-core tests/test_mr.py MWTest.test_mw_type2_invalidate_dealloc: a bound type 2 window
@@ -322,10 +327,7 @@ TEST_F(Window, ADeallocatedType2WindowRefusesItsRkey) {
   ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), gone, {.wr_id = 1})));
   EXPECT_TRUE(completed(expect_completion(p.cq_a), WcOpcode::rdma_write, 1));
   w.reset();
-  const std::vector<std::byte> before(target->bytes().begin(), target->bytes().end());
-  fill_pattern(src->bytes().first(64), 9);
-  expect_refused(p, gone, 2);
-  EXPECT_TRUE(same_bytes(target->bytes(), before));
+  expect_closed(p, gone);
 }
 
 // rdma-core tests/test_qpex.py test_qp_ex_rc_bind_mw: a type 2 window bound through the batch
