@@ -59,6 +59,15 @@ class Window : public RegionsTest<64 * 1024> {
     const Completion c = expect_completion(p.cq_a);
     EXPECT_EQ(c.status(), WcStatus::rem_access_err) << describe(c);
   }
+  /// A type 1 window, or empty with `why` where the device has none.
+  std::optional<MemoryWindow> type1_window(std::string& why) const {
+    try {
+      return MemoryWindow(*pd, MwType::type1);
+    } catch (const verbs::Error& e) {
+      why = dev->name() + " has no type 1 memory windows: " + e.what();
+      return std::nullopt;
+    }
+  }
   /// After `old` was closed (its window bound to nothing, or gone): a write of new bytes through
   /// it fails REM_ACCESS_ERR and changes nothing in the target.
   void expect_closed(QpPair& p, const verbs::RemoteSlice& old) const {
@@ -280,12 +289,9 @@ TEST_F(Window, SendWithInvalidateAndLocalInvalidateThroughABatch) {
 
 TEST_F(Window, Type1BindThroughIbvBindMwOpensTheRange) {
   QpPair p(*dev, *pd, {.access = all_access});
-  std::optional<MemoryWindow> w;
-  try {
-    w.emplace(*pd, MwType::type1);
-  } catch (const verbs::Error& e) {
-    GTEST_SKIP() << dev->name() << " has no type 1 memory windows: " << e.what();
-  }
+  std::string why;
+  std::optional<MemoryWindow> w = type1_window(why);
+  if (!w) GTEST_SKIP() << why;
   EXPECT_EQ(w->type(), MwType::type1);
   bind(*w, p.b, p.cq_b, 1024, 2048, Access::remote_write);
   fill_pattern(src->bytes().first(2048), 5);
@@ -300,12 +306,9 @@ TEST_F(Window, Type1BindThroughIbvBindMwOpensTheRange) {
 // a bind to a zero-length range; the peer's write through the rkey it had then fails.
 TEST_F(Window, AType1WindowBoundToNothingRefusesItsOldRkey) {
   QpPair p(*dev, *pd, {.access = all_access});
-  std::optional<MemoryWindow> w;
-  try {
-    w.emplace(*pd, MwType::type1);
-  } catch (const verbs::Error& e) {
-    GTEST_SKIP() << dev->name() << " has no type 1 memory windows: " << e.what();
-  }
+  std::string why;
+  std::optional<MemoryWindow> w = type1_window(why);
+  if (!w) GTEST_SKIP() << why;
   bind(*w, p.b, p.cq_b, 0, 4096);
   const verbs::RemoteSlice old = w->remote();
   ASSERT_TRUE(posted(p.a.post_write(src->slice(0, 64), old, {.wr_id = 1})));
