@@ -1,5 +1,7 @@
 # Script mode (cmake -P), run after each link of a gtest executable (verbs_add_gtests in
-# tests/CMakeLists.txt): lists the executable's tests and writes OUT, a ctest include file with
+# tests/CMakeLists.txt), or with VERBS_TEST_DISCOVERY=OFF by ctest itself, from the executable's
+# TARGET_include.cmake, when the list is missing or older than the executable: lists the
+# executable's tests and writes OUT, a ctest include file with
 # one ctest test per gtest test (Suite.Test, --gtest_filter=Suite.Test), or with PER_SUITE one per
 # suite (TARGET.Suite, --gtest_filter=Suite.*). Each is labelled LABELS and skipped only by exit
 # status 77, which tests/support/gtest_main.cpp gives when every test it ran skipped: no regular
@@ -57,4 +59,7 @@ else()
       "set_tests_properties([=[${test}]=] PROPERTIES ${props} TIMEOUT ${TIMEOUT})\n")
   endforeach()
 endif()
-file(WRITE "${OUT}" "${text}")
+# Written whole, then renamed: a listing cut short (a VM's time limit) leaves no half a list
+# that ctest would take for current.
+file(WRITE "${OUT}.tmp" "${text}")
+file(RENAME "${OUT}.tmp" "${OUT}")
