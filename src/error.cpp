@@ -4,6 +4,7 @@
 #include <string>
 
 #include "verbs/completion_queue.hpp"
+#include "verbs/queue_pair.hpp"
 #include "verbs/work_request.hpp"
 
 namespace verbs {
@@ -50,6 +51,11 @@ class VerbsCategory final : public std::error_category {
                "operations lack this one";
       case Errc::atomic_write_unsupported:
         return "the device does not report atomic write (IB_UVERBS_DEVICE_ATOMIC_WRITE), or the QP is not RC";
+      case Errc::flush_unsupported:
+        return built_with_flush
+                   ? "the device does not report flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL or _PERSISTENT), or the QP is not RC"
+                   : "flush is not in this build: the rdma-core headers it was compiled against (older than 45) have "
+                     "no ibv_wr_flush";
       case Errc::batch_closed: return "the SendBatch was completed: open another with QueuePair::batch()";
       case Errc::too_many_slices:
         return "a SendWr or RecvWr holds at most 4 slices (verbs::max_wr_slices); post more in one request with "
@@ -64,6 +70,7 @@ class VerbsCategory final : public std::error_category {
       case Errc::timed_out: return std::errc::timed_out;
       case Errc::atomics_unsupported:
       case Errc::atomic_write_unsupported:
+      case Errc::flush_unsupported:
       case Errc::qp_not_extended: return std::errc::operation_not_supported;
       case Errc::local_out_of_bounds:
       case Errc::remote_out_of_bounds:
@@ -142,6 +149,7 @@ std::string_view to_string(WcOpcode op) noexcept {
     case WcOpcode::fetch_add: return "fetch_add";
     case WcOpcode::bind_mw: return "bind_mw";
     case WcOpcode::local_inv: return "local_inv";
+    case WcOpcode::flush: return "flush";
     case WcOpcode::atomic_write: return "atomic_write";
     case WcOpcode::recv: return "recv";
     case WcOpcode::recv_rdma_with_imm: return "recv_rdma_with_imm";

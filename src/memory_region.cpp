@@ -175,7 +175,7 @@ MemoryRegion MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size
   return MemoryRegion(Buffer(size), pd, access, where);
 }
 
-void MemoryRegion::advise(std::span<const LocalSlice> slices, bool wait, SourceLocation where) const {
+void MemoryRegion::advise(std::span<const LocalSlice> slices, Prefetch how, SourceLocation where) const {
   detail::require_not_empty(static_cast<bool>(*this), "MemoryRegion::advise: the MemoryRegion", where);
   if (!(access_ & Access::on_demand))
     detail::throw_error(make_error_code(Errc::bad_argument),
@@ -189,8 +189,10 @@ void MemoryRegion::advise(std::span<const LocalSlice> slices, bool wait, SourceL
                           "MemoryRegion::advise: a slice of another region (lkey " + std::to_string(s.lkey()) + ")", where);
     sges.push_back(s.native());
   }
-  const auto advice = (access_ & Access::local_write) ? IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE : IBV_ADVISE_MR_ADVICE_PREFETCH;
-  const int rc = ibv_advise_mr(mr_->pd, advice, wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
+  const auto advice = !how.fault                        ? IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT
+                      : (access_ & Access::local_write) ? IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE
+                                                        : IBV_ADVISE_MR_ADVICE_PREFETCH;
+  const int rc = ibv_advise_mr(mr_->pd, advice, how.wait ? static_cast<std::uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH) : 0u, sges.data(),
                                static_cast<std::uint32_t>(sges.size()));
   // No capability bit says whether advise works: a device that pages on demand may still lack
   // it in its provider or its kernel driver (rxe: rdma-core 59 and a kernel whose rxe pages on

@@ -34,9 +34,12 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
 // The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (device_cap_flags_ex), which rdma-core 44's
 // headers do not name yet.
 constexpr std::uint64_t kDeviceAtomicWrite = 1ULL << 40;
+// IB_UVERBS_DEVICE_FLUSH_GLOBAL and _PERSISTENT (likewise).
+constexpr std::uint64_t kDeviceFlush = (1ULL << 38) | (1ULL << 39);
 
 /// The send operations an extended QP of type `t` is made with: those posts allow on the type
-/// (allowed_ops), and atomic write where the device reports it.
+/// (allowed_ops), and atomic write and flush where the device reports them (flush only in a
+/// build whose headers have it: built_with_flush).
 std::uint64_t send_ops_for(QpType t, const ibv_device_attr_ex& dev, bool with_mw) {
   const bool atomics = dev.orig_attr.atomic_cap != IBV_ATOMIC_NONE;
   std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
@@ -47,6 +50,7 @@ std::uint64_t send_ops_for(QpType t, const ibv_device_attr_ex& dev, bool with_mw
   if (atomics) ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
   if (with_mw) ops |= IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
   if ((dev.device_cap_flags_ex & kDeviceAtomicWrite) != 0) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+  if (built_with_flush && (dev.device_cap_flags_ex & kDeviceFlush) != 0) ops |= detail::qp_ex_with_flush;
   return ops;
 }
 
@@ -56,6 +60,7 @@ std::uint32_t opcodes_of(std::uint64_t ops, QpType t) {
   for (int op = IBV_WR_RDMA_WRITE; op <= IBV_WR_SEND_WITH_INV; ++op)
     if ((ops & (std::uint64_t{1} << op)) != 0) r |= bit(t == QpType::ud ? op + 16 : op);  // IBV_QP_EX_WITH_x = 1 << IBV_WR_x
   if ((ops & IBV_QP_EX_WITH_ATOMIC_WRITE) != 0) r |= bit(IBV_WR_ATOMIC_WRITE);
+  if ((ops & detail::qp_ex_with_flush) != 0) r |= bit(static_cast<int>(detail::wr_flush_op));
   return r;
 }
 
@@ -305,7 +310,7 @@ void QueuePair::set_state_(std::uint8_t state) noexcept {
   // Sends are posted from RTS on (in SQD, SQE and ERR too: the device flushes or holds them).
   const std::uint64_t ops = state >= IBV_QPS_RTS ? type_ops_ : 0;
   allowed_ = ops | (max_send_sge_ >= 1 ? ops << SendWr::one_sge_bit : 0);
-  const std::uint64_t ext = state >= IBV_QPS_RTS ? (type_ops_ | bit(IBV_WR_ATOMIC_WRITE)) & opcodes_of(ext_ops_, type_) : 0;
+  const std::uint64_t ext = state >= IBV_QPS_RTS ? (type_ops_ | bit(IBV_WR_ATOMIC_WRITE) | bit(static_cast<int>(detail::wr_flush_op))) & opcodes_of(ext_ops_, type_) : 0;
   batch_allowed_ = ext | (max_send_sge_ >= 1 ? ext << SendWr::one_sge_bit : 0);
 }
 

@@ -29,6 +29,7 @@ enum class WcOpcode : int {
   fetch_add = IBV_WC_FETCH_ADD,
   bind_mw = IBV_WC_BIND_MW,
   local_inv = IBV_WC_LOCAL_INV,
+  flush = 8,  ///< IBV_WC_FLUSH (rdma-core 45)
   atomic_write = IBV_WC_ATOMIC_WRITE,
   recv = IBV_WC_RECV,
   recv_rdma_with_imm = IBV_WC_RECV_RDMA_WITH_IMM,

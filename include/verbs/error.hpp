@@ -68,6 +68,7 @@ enum class Errc : int {
   atomic_write_unsupported, ///< an atomic write on a device that does not report it (IB_UVERBS_DEVICE_ATOMIC_WRITE)
   batch_closed,             ///< a request or complete() on a SendBatch already completed
   too_many_slices,          ///< a SendWr or RecvWr built from more than max_wr_slices slices (the span forms of QueuePair and SendBatch take more)
+  flush_unsupported,        ///< a flush on a device that does not report it, a QP that is not RC, or a build without ibv_wr_flush (built_with_flush)
 };
 
 /// Mirrors enum ibv_wc_status; 0 is success.

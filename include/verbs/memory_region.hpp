@@ -31,6 +31,8 @@ enum class Access : unsigned {
   zero_based = IBV_ACCESS_ZERO_BASED,
   on_demand = IBV_ACCESS_ON_DEMAND,
   relaxed_ordering = IBV_ACCESS_RELAXED_ORDERING,
+  flush_global = 1u << 8,      ///< the target of SendBatch::flush at FlushLevel::global (IBV_ACCESS_FLUSH_GLOBAL, rdma-core 45)
+  flush_persistent = 1u << 9,  ///< the target of a FlushLevel::persistent flush (IBV_ACCESS_FLUSH_PERSISTENT)
 };
 
 template <>
@@ -40,10 +42,21 @@ struct FlagTraits<Access> {
   /// Every defined Access bit.
   static constexpr unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
-                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_RELAXED_ORDERING;
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_RELAXED_ORDERING | (1u << 8) | (1u << 9);
 };
 /// A set of Access rights, e.g. `Access::local_write | Access::remote_write`.
 using AccessFlags = Flags<Access>;
+
+/// How MemoryRegion::advise() prefetches.
+struct Prefetch {
+  /// Return once the pages are mapped for the device (IBV_ADVISE_MR_FLAG_FLUSH); false: the
+  /// device may do it later, and the call returns at once.
+  bool wait = true;
+  /// Fault in pages that are not in memory; false: map for the device only those already
+  /// there, faulting none (PREFETCH_NO_FAULT), so a prefetch never waits on the kernel's
+  /// paging. Either way the device still faults on demand what it then touches.
+  bool fault = true;
+};
 
 /// A local scatter/gather entry {addr, length, lkey}: a view into registered memory, cheap to
 /// copy. Layout-identical to ibv_sge, so a span of slices is handed to the device as is.
@@ -332,14 +345,14 @@ class MemoryRegion {
   /// only opens what `access()` grants.
   [[nodiscard]] RemoteSlice remote() const noexcept { return {iova_, size(), rkey()}; }
 
-  /// ibv_advise_mr(3) on slices of this region, registered with Access::on_demand: fault their
-  /// pages in before the device needs them, so the first operations on them do not wait for
+  /// ibv_advise_mr(3) on slices of this region, registered with Access::on_demand: map their
+  /// pages for the device before it needs them, so the first operations on them do not wait for
   /// page faults (for writing where the region has Access::local_write: PREFETCH_WRITE, else
-  /// PREFETCH). With `wait`, returns once they are in (IBV_ADVISE_MR_FLAG_FLUSH); otherwise the
-  /// device may do it later. No slices: nothing is done. Throws Error(Errc::bad_argument) for a
-  /// region without Access::on_demand (checked here) or a slice of another region (another
-  /// lkey), and Error with the provider's errno.
-  void advise(std::span<const LocalSlice> slices, bool wait = true, SourceLocation where = SourceLocation::current()) const;
+  /// PREFETCH; `how.fault` false: PREFETCH_NO_FAULT). No slices: nothing is done. Throws
+  /// Error(Errc::bad_argument) for a region without Access::on_demand (checked here) or a slice
+  /// of another region (another lkey), and Error with the provider's errno (EOPNOTSUPP, said so,
+  /// where the provider or the kernel driver has no advise: rxe before rdma-core 59).
+  void advise(std::span<const LocalSlice> slices, Prefetch how = {}, SourceLocation where = SourceLocation::current()) const;
 
   /// Changes the registration in place (ibv_rereg_mr(3)): its protection domain, its memory, its
   /// rights, or several at once. The keys may change (lkey() and rkey() give the new ones), so

@@ -263,7 +263,29 @@ struct QpAttributes {
 
 class QueuePair;
 class SendBatch;
+
+/// What a flush makes of the writes before it at the responder (IBA 1.5's FLUSH; rdma-core
+/// 45): visible to every agent there (global), or persistent as well.
+enum class FlushLevel : std::uint8_t {
+  global = 1,      ///< IBV_FLUSH_GLOBAL: the target region needs Access::flush_global
+  persistent = 2,  ///< IBV_FLUSH_PERSISTENT: the target region needs Access::flush_persistent
+};
+
 namespace detail {
+// Flush by value: rdma-core 44's headers do not name it (45's IBV_WR_FLUSH, IBV_QP_EX_WITH_FLUSH,
+// IBV_FLUSH_RANGE and IBV_FLUSH_MR).
+inline constexpr unsigned wr_flush_op = 14;
+inline constexpr std::uint64_t qp_ex_with_flush = std::uint64_t{1} << 11;
+inline constexpr std::uint8_t flush_range = 0, flush_mr = 1;
+/// The extended QP has ibv_wr_flush's entry (rdma-core 45 on): checked on the type, so that
+/// the code compiles against older headers too.
+template <class Q>
+concept has_wr_flush = requires(Q* q) { q->wr_flush; };
+template <class Q>
+[[gnu::always_inline]] inline void wr_flush(Q* q, std::uint32_t rkey, std::uint64_t addr, std::size_t length,
+                                            std::uint8_t type, std::uint8_t level) noexcept {
+  if constexpr (has_wr_flush<Q>) q->wr_flush(q, rkey, addr, length, type, level);
+}
 /// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
 /// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
 /// (the QP is being given up).
@@ -275,6 +297,10 @@ QueuePair rdma_cm_queue_pair(const ProtectionDomain& pd, const CompletionQueue& 
                              const CompletionQueue& recv_cq, const QpOptions& options, const Gid& source_gid,
                              SourceLocation where);
 }  // namespace detail
+
+/// The rdma-core headers this code was compiled against have ibv_wr_flush (45 or newer): else
+/// SendBatch::flush is refused (Errc::flush_unsupported), whatever the device reports.
+inline constexpr bool built_with_flush = detail::has_wr_flush<ibv_qp_ex>;
 
 /// A queue pair. Move-only; keeps its protection domain, CQs and SRQ alive.
 ///
@@ -611,6 +637,8 @@ class QueuePair {
     else if (atomic && type_ == QpType::rc && !atomics_) e = Errc::atomics_unsupported;
     else if (op == IBV_WR_ATOMIC_WRITE && (type_ != QpType::rc || (ext_ops_ & IBV_QP_EX_WITH_ATOMIC_WRITE) == 0))
       e = Errc::atomic_write_unsupported;
+    else if (op == detail::wr_flush_op && (type_ != QpType::rc || (ext_ops_ & detail::qp_ex_with_flush) == 0))
+      e = Errc::flush_unsupported;
     else if (type_ == QpType::ud && (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && (key & SendWr::ud_bit) == 0)
       e = Errc::ud_needs_address;
     else if (((type_ops_ >> op) & 1u) == 0) e = Errc::wrong_qp_type;
@@ -790,6 +818,29 @@ class SendBatch {
   [[gnu::always_inline]] SendBatch& atomic_write(RemoteSlice target, std::uint64_t value, const PostOptions& o = {}) noexcept {
     if (admit_(IBV_WR_ATOMIC_WRITE, atomic_error_(8, target, o), 8, o, false)) [[likely]]
       ibv_wr_atomic_write(qpx_, target.rkey, target.addr, &value);
+    return *this;
+  }
+  /// Flush (IBA 1.5; RC): completes once the writes this QP made to `target`'s bytes before it
+  /// are placed at the responder as `level` says (global: visible there; persistent: durable
+  /// too). The target region needs Access::flush_global or Access::flush_persistent (else the
+  /// flush completes in error, REM_ACCESS_ERR or REM_INV_REQ_ERR by device, and the QP goes to
+  /// ERR). Only where the device reports flush, and in a build against rdma-core 45 or newer
+  /// (built_with_flush): Errc::flush_unsupported otherwise (rxe from Linux 6.2). A flush is
+  /// not ordered after earlier reads or atomics unless fenced (PostOptions::fence).
+  [[gnu::always_inline]] SendBatch& flush(RemoteSlice target, FlushLevel level = FlushLevel::global,
+                                          const PostOptions& o = {}) noexcept {
+    if (admit_(static_cast<ibv_wr_opcode>(detail::wr_flush_op), o.inline_data ? Errc::inline_not_allowed : Errc{}, 0,
+               o, false)) [[likely]]
+      detail::wr_flush(qpx_, target.rkey, target.addr, target.length, detail::flush_range,
+                       static_cast<std::uint8_t>(level));
+    return *this;
+  }
+  /// Flush of the whole region that `rkey` opens (IBV_FLUSH_MR), as flush().
+  [[gnu::always_inline]] SendBatch& flush_region(std::uint32_t rkey, FlushLevel level = FlushLevel::global,
+                                                 const PostOptions& o = {}) noexcept {
+    if (admit_(static_cast<ibv_wr_opcode>(detail::wr_flush_op), o.inline_data ? Errc::inline_not_allowed : Errc{}, 0,
+               o, false)) [[likely]]
+      detail::wr_flush(qpx_, rkey, 0, 0, detail::flush_mr, static_cast<std::uint8_t>(level));
     return *this;
   }
   ///@{

@@ -492,6 +492,52 @@ verbs::TransportOptions page_mtu() {
   return verbs::TransportOptions{.path_mtu = verbs::Mtu::mtu4096, .ack_timeout = 12, .retry_count = 3, .rnr_retry_count = 3};
 }
 
+/// Why advise cannot run here (empty: it can): no on-demand RDMA, or rxe's provider before
+/// rdma-core 59 (AdviseFaultsPagesInOrIsRefusedSayingWhy asserts that refusal).
+std::string no_advise(const verbs::Device& dev) {
+  if (std::string why = no_odp_rdma(dev); !why.empty()) return why;
+  if (is_rxe(dev) && rdma_core_version() < 59)
+    return "rxe's provider has no advise_mr before rdma-core 59 (this is " + std::to_string(rdma_core_version()) + ")";
+  return {};
+}
+
+/// Advises 32 KiB of untouched on-demand pages as `how` says, then writes 64 KiB into them at a
+/// page per packet: every byte lands.
+void advised_pages_take_a_write(const verbs::Device& dev, const verbs::ProtectionDomain& pd, verbs::Prefetch how) {
+  const FreshPages pages(64 * 1024);
+  ASSERT_NE(pages.at, MAP_FAILED);
+  verbs::MemoryRegion odp(pd, pages.bytes(), Access::local_write | Access::remote_write | Access::on_demand);
+  try {
+    odp.advise(std::array{odp.slice(0, 32 * 1024)}, how);
+  } catch (const verbs::Error& e) {
+    FAIL() << platform(dev) << " with rdma-core " << rdma_core_version() << ": " << e.what();
+  }
+  auto src = verbs::MemoryRegion::allocate(pd, 64 * 1024);
+  fill_pattern(src.bytes(), 9);
+  QpPair p(dev, pd, {.access = Access::remote_write}, page_mtu());
+  ASSERT_TRUE(posted(p.a.post_write(src.slice(), odp.remote(), {.wr_id = 1})));
+  EXPECT_TRUE(completed(expect_completion(p.cq_a), verbs::WcOpcode::rdma_write, 1));
+  EXPECT_EQ(wrong_bytes(odp.bytes(), src.bytes()), 0u);
+}
+
+// test_odp.py test_odp_async_prefetch_rc_traffic: a prefetch that does not wait for the pages
+// (no IBV_ADVISE_MR_FLAG_FLUSH), then traffic.
+TEST_F(MemoryRegion, AdviseWithoutWaitingThenTrafficLands) {
+  if (const std::string why = no_advise(*dev); !why.empty()) GTEST_SKIP() << why;
+  advised_pages_take_a_write(*dev, *pd, {.wait = false});
+}
+
+// test_odp.py test_odp_prefetch_sync_no_page_fault_rc_traffic and
+// test_odp_prefetch_async_no_page_fault_rc_traffic: PREFETCH_NO_FAULT, waiting and not, on pages
+// never touched (so none is mapped by it): the device still faults them in when written.
+TEST_F(MemoryRegion, AdviseWithoutFaultingThenTrafficLands) {
+  if (const std::string why = no_advise(*dev); !why.empty()) GTEST_SKIP() << why;
+  for (const bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "waiting" : "not waiting");
+    advised_pages_take_a_write(*dev, *pd, {.wait = wait, .fault = false});
+  }
+}
+
 // rdma-core tests/test_odp.py test_odp_rc_traffic and test_odp_rc_mixed_mr: sends from on-demand
 // pages into receives on on-demand pages, one of them gathering an on-demand page and a pinned one.
 TEST_F(MemoryRegion, OnDemandPagesSendAndReceiveAloneAndMixedWithPinnedOnes) {
@@ -574,6 +620,33 @@ TEST_F(MemoryRegion, OnDemandPagesTakeAnAtomicWrite) {
   std::uint64_t now = 0;
   std::memcpy(&now, static_cast<const std::byte*>(target.data()) + 128, 8);
   EXPECT_EQ(now, 0x1122334455667788u);
+}
+
+// rdma-core tests/test_odp.py test_odp_qp_ex_rc_flush: a write into untouched on-demand pages and
+// a flush of them, where the device pages on demand, takes flushes there (rc_odp_caps'
+// IBV_ODP_SUPPORT_FLUSH) and the build has ibv_wr_flush (Flush.* check the refusals).
+TEST_F(MemoryRegion, OnDemandPagesTakeAFlush) {
+  constexpr std::uint32_t kOdpSupportFlush = 1u << 6;  // IBV_ODP_SUPPORT_FLUSH (rdma-core 45)
+  if (const std::string why = no_odp_rc(*dev, IBV_ODP_SUPPORT_WRITE | kOdpSupportFlush, "writes and flushes"); !why.empty())
+    GTEST_SKIP() << why;
+  const FreshPages pages(2 * 4096);
+  ASSERT_NE(pages.at, MAP_FAILED);
+  verbs::MemoryRegion target(*pd, pages.bytes(),
+                             Access::local_write | Access::remote_write | Access::on_demand | Access::flush_global);
+  QpPair p(*dev, *pd, {.access = Access::remote_write | Access::flush_global, .extended = true}, page_mtu());
+  if ((p.a.send_ops() & verbs::detail::qp_ex_with_flush) == 0)
+    GTEST_SKIP() << "built against rdma-core headers without ibv_wr_flush (older than 45)";
+  auto src = verbs::MemoryRegion::allocate(*pd, 2 * 4096);
+  fill_pattern(src.bytes(), 17);
+  ASSERT_TRUE(posted(p.a.batch()
+                         .write(src.slice(), target.remote(), {.wr_id = 1})
+                         .flush(target.remote(), verbs::FlushLevel::global, {.wr_id = 2})
+                         .complete()));
+  const auto got = collect(p.cq_a, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(completed(got[0], verbs::WcOpcode::rdma_write, 1)) << describe(got[0]);
+  EXPECT_TRUE(completed(got[1], verbs::WcOpcode::flush, 2)) << describe(got[1]);
+  EXPECT_EQ(wrong_bytes(target.bytes(), src.bytes()), 0u) << "page-aligned, a page per packet (rxe_misplaces_odp)";
 }
 
 // rdma-core tests/test_odp.py test_odp_ud_traffic: UD sends from on-demand pages, where the

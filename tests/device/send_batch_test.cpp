@@ -2,7 +2,7 @@
 // refused batch posts nothing and leaves the QP usable, multi-SGE requests of unequal lengths
 // arrive whole (rxe's ibv_wr_set_sge_list miscounts them), UD through ibv_wr_set_ud_addr, a
 // batch longer than the send queue, zero-length requests, a UC QP made with the extended API, and
-// atomic write where the device reports it.
+// atomic write and flush where the device reports them.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -286,6 +286,61 @@ TEST_F(ExtendedQp, AtomicWriteWhereTheDeviceReportsIt) {
   std::uint64_t got = 0;
   std::memcpy(&got, dst->data() + 4096, 8);
   EXPECT_EQ(got, 0x0102030405060708u);
+}
+
+// Flush (IBA 1.5; rdma-core tests/test_qpex.py test_qp_ex_rc_flush): writes, then a flush of
+// their range and one of the whole region, both at the global level, into a region that
+// grants it. Only where the device reports flush (rxe from Linux 6.2) and the build's rdma-core
+// headers have ibv_wr_flush (45 on): elsewhere refused before posting, and the refusal says
+// which is missing.
+class Flush : public RegionsTest<64 * 1024> {};
+
+TEST_F(Flush, WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 64 * 1024,
+                                              Access::local_write | Access::remote_write | Access::flush_global);
+  QpPair q(*dev, *pd, {.access = Access::remote_write | Access::flush_global, .extended = true});
+  if ((q.a.send_ops() & verbs::detail::qp_ex_with_flush) == 0) {
+    const verbs::PostResult r = q.a.batch().flush(target.remote()).complete();
+    EXPECT_TRUE(rejected(r, Errc::flush_unsupported));
+    const std::string why = r.error().message();
+    if (!verbs::built_with_flush) {
+      EXPECT_TRUE(contains(why, "older than 45")) << why;
+      expect_no_completion(q.cq_a);
+      GTEST_SKIP() << "built against rdma-core headers without ibv_wr_flush (older than 45): refused, as checked";
+    }
+    EXPECT_TRUE(contains(why, "does not report flush")) << why;
+    EXPECT_FALSE(is_rxe(*dev) && linux_at_least(6, 2)) << platform(*dev) << "'s rxe reports flush from Linux 6.2";
+    expect_no_completion(q.cq_a);
+    GTEST_SKIP() << platform(*dev) << " does not report flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL): refused, as checked";
+  }
+  fill_pattern(src->bytes(), 21);
+  ASSERT_TRUE(posted(q.a.batch()
+                         .write(src->slice(0, 8192), target.remote().slice(4096, 8192), {.wr_id = 1})
+                         .flush(target.remote().slice(4096, 8192), verbs::FlushLevel::global, {.wr_id = 2})
+                         .flush_region(target.rkey(), verbs::FlushLevel::global, {.wr_id = 3})
+                         .complete()));
+  const std::vector<Completion> got = collect(q.cq_a, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(completed(got[0], WcOpcode::rdma_write, 1)) << describe(got[0]);
+  EXPECT_TRUE(completed(got[1], WcOpcode::flush, 2)) << describe(got[1]);
+  EXPECT_TRUE(completed(got[2], WcOpcode::flush, 3)) << describe(got[2]);
+  EXPECT_TRUE(same_bytes(target.bytes().subspan(4096, 8192), src->bytes().first(8192)));
+}
+
+// A flush beyond what the target region grants (test_qp_ex_rc_flush_type_violate): a
+// persistent flush into a region registered for global flushes only fails at the responder,
+// and the requester's QP goes to ERR.
+TEST_F(Flush, BeyondTheRegionsRightsFailsAtTheResponder) {
+  auto target = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write | Access::flush_global);
+  QpPair q(*dev, *pd, {.access = Access::remote_write | Access::flush_global | Access::flush_persistent, .extended = true});
+  if ((q.a.send_ops() & verbs::detail::qp_ex_with_flush) == 0)
+    GTEST_SKIP() << platform(*dev) << (verbs::built_with_flush ? " does not report flush" : ": a build without ibv_wr_flush")
+                 << " (WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed checks the refusal)";
+  ASSERT_TRUE(posted(q.a.batch().flush(target.remote(), verbs::FlushLevel::persistent, {.wr_id = 1}).complete()));
+  const Completion c = expect_completion(q.cq_a);
+  EXPECT_EQ(c.wr_id(), 1u);
+  EXPECT_EQ(c.status(), verbs::WcStatus::rem_access_err) << describe(c);
+  EXPECT_EQ(q.a.refresh_state(), QpState::err);
 }
 
 }  // namespace

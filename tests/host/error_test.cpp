@@ -29,7 +29,7 @@ using verbs::test::contains;
 using verbs::test::thrown_by;
 
 constexpr int kFirstErrc = static_cast<int>(Errc::local_out_of_bounds);
-constexpr int kLastErrc = static_cast<int>(Errc::too_many_slices);
+constexpr int kLastErrc = static_cast<int>(Errc::flush_unsupported);
 
 static_assert(std::is_error_code_enum_v<Errc>);
 static_assert(std::is_error_code_enum_v<WcStatus>);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -244,6 +245,48 @@ TEST(SendBatchStub, AtomicWriteOnlyWhereTheDeviceReportsIt) {
   EXPECT_EQ(stub.ex_posted[0].compare_add, 0x1122334455667788u);
   EXPECT_EQ(stub.ex_posted[0].remote_addr, kTarget.addr);
   EXPECT_TRUE(stub.ex_posted[0].sges.empty());
+}
+
+// Flush: only where the device reports it and the build's headers have ibv_wr_flush (rdma-core
+// 45); the refusal says which of the two is missing.
+TEST(SendBatchStub, FlushOnlyWhereTheDeviceReportsItAndTheBuildHasIt) {
+  {
+    verbs_stub::Provider stub;
+    verbs::QueuePair qp = stub.queue_pair(kExtended);
+    EXPECT_EQ(qp.send_ops() & verbs::detail::qp_ex_with_flush, 0u);
+    EXPECT_TRUE(refused(qp.batch().flush(kTarget).complete(), Errc::flush_unsupported, 0));
+  }
+  verbs_stub::Provider stub;
+  stub.device_cap_flags_ex = 1ULL << 38;  // IB_UVERBS_DEVICE_FLUSH_GLOBAL
+  verbs::QueuePair qp = stub.queue_pair(kExtended);
+  EXPECT_TRUE(refused(qp.batch().flush(kTarget, verbs::FlushLevel::global, {.inline_data = true}).complete(),
+                      Errc::inline_not_allowed, 0))
+      << "the request's own error first, as for every operation";
+  const std::string why = std::error_code(Errc::flush_unsupported).message();
+  if (!verbs::built_with_flush) {
+    EXPECT_NE(why.find("older than 45"), std::string::npos) << why;
+    EXPECT_TRUE(refused(qp.batch().flush(kTarget).complete(), Errc::flush_unsupported, 0));
+    EXPECT_TRUE(stub.ex_posted.empty());
+    return;
+  }
+  EXPECT_NE(why.find("does not report flush"), std::string::npos) << why;
+  ASSERT_TRUE(qp.batch()
+                  .flush(kTarget, verbs::FlushLevel::global, {.wr_id = 4})
+                  .flush_region(0x77, verbs::FlushLevel::persistent, {.wr_id = 5})
+                  .complete()
+                  .ok());
+  ASSERT_EQ(stub.ex_posted.size(), 2u);
+  const verbs_stub::ExWr& range = stub.ex_posted[0];
+  EXPECT_EQ(range.opcode, static_cast<ibv_wr_opcode>(verbs::detail::wr_flush_op));
+  EXPECT_EQ(range.remote_addr, kTarget.addr);
+  EXPECT_EQ(range.rkey, kTarget.rkey);
+  EXPECT_EQ(range.length, kTarget.length);
+  EXPECT_EQ(range.flush_type, 0u) << "IBV_FLUSH_RANGE";
+  EXPECT_EQ(range.flush_level, 1u) << "IBV_FLUSH_GLOBAL";
+  EXPECT_EQ(stub.ex_posted[1].rkey, 0x77u);
+  EXPECT_EQ(stub.ex_posted[1].flush_type, 1u) << "IBV_FLUSH_MR";
+  EXPECT_EQ(stub.ex_posted[1].flush_level, 2u) << "IBV_FLUSH_PERSISTENT";
+  EXPECT_TRUE(range.sges.empty());
 }
 
 TEST(SendBatchStub, NotExtendedOrEmptyQpRefusesWithoutTouchingTheProvider) {

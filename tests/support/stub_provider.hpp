@@ -38,6 +38,8 @@ struct ExWr {
   std::uint64_t compare_add = 0, swap = 0;  // atomics; atomic write: its 8 bytes
   std::vector<ibv_sge> sges;                // set_sge / set_sge_list
   std::vector<unsigned char> inline_bytes;  // set_inline_data
+  std::size_t length = 0;                   // flush: its length, type (range 0, region 1) and level
+  std::uint8_t flush_type = 0, flush_level = 0;
   ibv_ah* ah = nullptr;
   std::uint32_t remote_qpn = 0, remote_qkey = 0;
 };
@@ -136,6 +138,8 @@ struct Provider {
             IBV_QP_EX_WITH_SEND_WITH_INV;
       if (atomic_cap != IBV_ATOMIC_NONE) ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
       if ((device_cap_flags_ex & (1ULL << 40)) != 0) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+      // Flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL), as a provider built with the same headers would.
+      if (verbs::built_with_flush && (device_cap_flags_ex & (1ULL << 38)) != 0) ops |= verbs::detail::qp_ex_with_flush;
       if (o.type == verbs::QpType::ud) ops &= IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     }
     return verbs::QueuePair::adopt(std::shared_ptr<ibv_qp>(&qp, [](ibv_qp*) {}), o, granted, state, ops);
@@ -257,6 +261,7 @@ struct Provider {
     x.wr_atomic_write = [](ibv_qp_ex* q, std::uint32_t rkey, std::uint64_t addr, const void* v) {
       std::memcpy(&begin(q, IBV_WR_ATOMIC_WRITE, rkey, addr).compare_add, v, 8);
     };
+    set_wr_flush(x);
     x.wr_set_sge = [](ibv_qp_ex* q, std::uint32_t lkey, std::uint64_t addr, std::uint32_t len) {
       of(q->qp_base.context).pending.back().sges.push_back({.addr = addr, .length = len, .lkey = lkey});
     };
@@ -273,6 +278,18 @@ struct Provider {
       w.remote_qpn = qpn;
       w.remote_qkey = qkey;
     };
+  }
+  // ibv_wr_flush's entry, where the headers have it (rdma-core 45 on).
+  template <class Q>
+  static void set_wr_flush(Q& x) {
+    if constexpr (verbs::detail::has_wr_flush<Q>)
+      x.wr_flush = [](Q* q, std::uint32_t rkey, std::uint64_t addr, std::size_t len, std::uint8_t type,
+                      std::uint8_t level) {
+        ExWr& w = begin(q, static_cast<ibv_wr_opcode>(verbs::detail::wr_flush_op), rkey, addr);
+        w.length = len;
+        w.flush_type = type;
+        w.flush_level = level;
+      };
   }
   static ExWr& begin(ibv_qp_ex* q, ibv_wr_opcode op, std::uint32_t rkey, std::uint64_t addr) {
     Provider& p = of(q->qp_base.context);
