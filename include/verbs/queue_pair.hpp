@@ -276,15 +276,17 @@ namespace detail {
 // IBV_FLUSH_RANGE and IBV_FLUSH_MR).
 inline constexpr unsigned wr_flush_op = 14;
 inline constexpr std::uint64_t qp_ex_with_flush = std::uint64_t{1} << 11;
-inline constexpr std::uint8_t flush_range = 0, flush_mr = 1;
+inline constexpr std::uint8_t flush_range = 0, flush_mr = 1;  // ibv_selectivity_level
 /// The extended QP has ibv_wr_flush's entry (rdma-core 45 on): checked on the type, so that
 /// the code compiles against older headers too.
 template <class Q>
 concept has_wr_flush = requires(Q* q) { q->wr_flush; };
+/// ibv_wr_flush(3): `placement` is the FlushLevel (ibv_placement_type, its `type`), `selectivity`
+/// flush_range or flush_mr (ibv_selectivity_level, its `level`).
 template <class Q>
 [[gnu::always_inline]] inline void wr_flush(Q* q, std::uint32_t rkey, std::uint64_t addr, std::size_t length,
-                                            std::uint8_t type, std::uint8_t level) noexcept {
-  if constexpr (has_wr_flush<Q>) q->wr_flush(q, rkey, addr, length, type, level);
+                                            std::uint8_t placement, std::uint8_t selectivity) noexcept {
+  if constexpr (has_wr_flush<Q>) q->wr_flush(q, rkey, addr, length, placement, selectivity);
 }
 /// Moves `qp` to ERR (flushing what is posted) while other threads may be posting on it, and
 /// makes state() say so: for the rdma_cm connection, which ends its QP so. Errors are ignored
@@ -823,16 +825,16 @@ class SendBatch {
   /// Flush (IBA 1.5; RC): completes once the writes this QP made to `target`'s bytes before it
   /// are placed at the responder as `level` says (global: visible there; persistent: durable
   /// too). The target region needs Access::flush_global or Access::flush_persistent (else the
-  /// flush completes in error, REM_ACCESS_ERR or REM_INV_REQ_ERR by device, and the QP goes to
-  /// ERR). Only where the device reports flush, and in a build against rdma-core 45 or newer
+  /// flush completes with REM_ACCESS_ERR and the QP goes to ERR), the responder's QP the same
+  /// right in its access. Only where the device reports flush, and in a build against rdma-core 45 or newer
   /// (built_with_flush): Errc::flush_unsupported otherwise (rxe from Linux 6.2). A flush is
   /// not ordered after earlier reads or atomics unless fenced (PostOptions::fence).
   [[gnu::always_inline]] SendBatch& flush(RemoteSlice target, FlushLevel level = FlushLevel::global,
                                           const PostOptions& o = {}) noexcept {
     if (admit_(static_cast<ibv_wr_opcode>(detail::wr_flush_op), o.inline_data ? Errc::inline_not_allowed : Errc{}, 0,
                o, false)) [[likely]]
-      detail::wr_flush(qpx_, target.rkey, target.addr, target.length, detail::flush_range,
-                       static_cast<std::uint8_t>(level));
+      detail::wr_flush(qpx_, target.rkey, target.addr, target.length, static_cast<std::uint8_t>(level),
+                       detail::flush_range);
     return *this;
   }
   /// Flush of the whole region that `rkey` opens (IBV_FLUSH_MR), as flush().
@@ -840,7 +842,7 @@ class SendBatch {
                                                  const PostOptions& o = {}) noexcept {
     if (admit_(static_cast<ibv_wr_opcode>(detail::wr_flush_op), o.inline_data ? Errc::inline_not_allowed : Errc{}, 0,
                o, false)) [[likely]]
-      detail::wr_flush(qpx_, rkey, 0, 0, detail::flush_mr, static_cast<std::uint8_t>(level));
+      detail::wr_flush(qpx_, rkey, 0, 0, static_cast<std::uint8_t>(level), detail::flush_mr);
     return *this;
   }
   ///@{

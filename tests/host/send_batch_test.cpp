@@ -281,11 +281,11 @@ TEST(SendBatchStub, FlushOnlyWhereTheDeviceReportsItAndTheBuildHasIt) {
   EXPECT_EQ(range.remote_addr, kTarget.addr);
   EXPECT_EQ(range.rkey, kTarget.rkey);
   EXPECT_EQ(range.length, kTarget.length);
-  EXPECT_EQ(range.flush_type, 0u) << "IBV_FLUSH_RANGE";
-  EXPECT_EQ(range.flush_level, 1u) << "IBV_FLUSH_GLOBAL";
+  EXPECT_EQ(range.flush_type, 1u) << "type: IBV_FLUSH_GLOBAL (ibv_placement_type)";
+  EXPECT_EQ(range.flush_level, 0u) << "level: IBV_FLUSH_RANGE (ibv_selectivity_level)";
   EXPECT_EQ(stub.ex_posted[1].rkey, 0x77u);
-  EXPECT_EQ(stub.ex_posted[1].flush_type, 1u) << "IBV_FLUSH_MR";
-  EXPECT_EQ(stub.ex_posted[1].flush_level, 2u) << "IBV_FLUSH_PERSISTENT";
+  EXPECT_EQ(stub.ex_posted[1].flush_type, 2u) << "type: IBV_FLUSH_PERSISTENT";
+  EXPECT_EQ(stub.ex_posted[1].flush_level, 1u) << "level: IBV_FLUSH_MR";
   EXPECT_TRUE(range.sges.empty());
 }
 

@@ -38,8 +38,8 @@ struct ExWr {
   std::uint64_t compare_add = 0, swap = 0;  // atomics; atomic write: its 8 bytes
   std::vector<ibv_sge> sges;                // set_sge / set_sge_list
   std::vector<unsigned char> inline_bytes;  // set_inline_data
-  std::size_t length = 0;                   // flush: its length, type (range 0, region 1) and level
-  std::uint8_t flush_type = 0, flush_level = 0;
+  std::size_t length = 0;                   // flush: its length, placement type (global 1, persistent 2)
+  std::uint8_t flush_type = 0, flush_level = 0;  // and selectivity level (range 0, region 1), as ibv_wr_flush names them
   ibv_ah* ah = nullptr;
   std::uint32_t remote_qpn = 0, remote_qkey = 0;
 };
