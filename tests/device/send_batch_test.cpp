@@ -293,26 +293,38 @@ TEST_F(ExtendedQp, AtomicWriteWhereTheDeviceReportsIt) {
 // grants it. Only where the device reports flush (rxe from Linux 6.2) and the build's rdma-core
 // headers have ibv_wr_flush (45 on): elsewhere refused before posting, and the refusal says
 // which is missing.
-class Flush : public RegionsTest<64 * 1024> {};
+class Flush : public RegionsTest<64 * 1024> {
+ protected:
+  /// The device reports a global flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL).
+  [[nodiscard]] bool reports_flush() const { return (dev->attributes().device_cap_flags_ex & (1ULL << 38)) != 0; }
+};
 
 TEST_F(Flush, WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed) {
+  if (!reports_flush()) {
+    // Refused before anything reaches the device: the right to be flushed, and the flush.
+    const auto e = thrown_error([&] {
+      (void)verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write | Access::flush_global);
+    });
+    ASSERT_TRUE(e) << "registered with Access::flush_global where the device reports no flush";
+    EXPECT_EQ(e->code(), std::make_error_code(std::errc::operation_not_supported)) << e->what();
+    EXPECT_TRUE(contains(e->what(), "IB_UVERBS_DEVICE_FLUSH_GLOBAL")) << e->what();
+    QpPair plain(*dev, *pd, {.access = Access::remote_write, .extended = true});
+    EXPECT_TRUE(rejected(plain.a.batch().flush(dst->remote()).complete(), Errc::flush_unsupported));
+    expect_no_completion(plain.cq_a);
+    EXPECT_FALSE(is_rxe(*dev) && linux_at_least(6, 2)) << platform(*dev) << "'s rxe reports flush from Linux 6.2";
+    GTEST_SKIP() << platform(*dev) << " does not report flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL): refused, as checked";
+  }
   auto target = verbs::MemoryRegion::allocate(*pd, 64 * 1024,
                                               Access::local_write | Access::remote_write | Access::flush_global);
   QpPair q(*dev, *pd, {.access = Access::remote_write | Access::flush_global, .extended = true});
-  if ((q.a.send_ops() & verbs::detail::qp_ex_with_flush) == 0) {
+  if (!verbs::built_with_flush) {
     const verbs::PostResult r = q.a.batch().flush(target.remote()).complete();
     EXPECT_TRUE(rejected(r, Errc::flush_unsupported));
-    const std::string why = r.error().message();
-    if (!verbs::built_with_flush) {
-      EXPECT_TRUE(contains(why, "older than 45")) << why;
-      expect_no_completion(q.cq_a);
-      GTEST_SKIP() << "built against rdma-core headers without ibv_wr_flush (older than 45): refused, as checked";
-    }
-    EXPECT_TRUE(contains(why, "does not report flush")) << why;
-    EXPECT_FALSE(is_rxe(*dev) && linux_at_least(6, 2)) << platform(*dev) << "'s rxe reports flush from Linux 6.2";
+    EXPECT_TRUE(contains(r.error().message(), "older than 45")) << r.error().message();
     expect_no_completion(q.cq_a);
-    GTEST_SKIP() << platform(*dev) << " does not report flush (IB_UVERBS_DEVICE_FLUSH_GLOBAL): refused, as checked";
+    GTEST_SKIP() << "built against rdma-core headers without ibv_wr_flush (older than 45): refused, as checked";
   }
+  ASSERT_NE(q.a.send_ops() & verbs::detail::qp_ex_with_flush, 0u) << "the device reports flush and the build has it";
   fill_pattern(src->bytes(), 21);
   ASSERT_TRUE(posted(q.a.batch()
                          .write(src->slice(0, 8192), target.remote().slice(4096, 8192), {.wr_id = 1})
@@ -331,11 +343,11 @@ TEST_F(Flush, WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed) {
 // persistent flush into a region registered for global flushes only fails at the responder,
 // and the requester's QP goes to ERR.
 TEST_F(Flush, BeyondTheRegionsRightsFailsAtTheResponder) {
+  if (!reports_flush() || !verbs::built_with_flush)
+    GTEST_SKIP() << platform(*dev) << (reports_flush() ? ": a build without ibv_wr_flush" : " does not report flush")
+                 << " (WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed checks the refusal)";
   auto target = verbs::MemoryRegion::allocate(*pd, 4096, Access::local_write | Access::remote_write | Access::flush_global);
   QpPair q(*dev, *pd, {.access = Access::remote_write | Access::flush_global | Access::flush_persistent, .extended = true});
-  if ((q.a.send_ops() & verbs::detail::qp_ex_with_flush) == 0)
-    GTEST_SKIP() << platform(*dev) << (verbs::built_with_flush ? " does not report flush" : ": a build without ibv_wr_flush")
-                 << " (WhereTheDeviceReportsItAndTheBuildHasItWritesAreFlushed checks the refusal)";
   ASSERT_TRUE(posted(q.a.batch().flush(target.remote(), verbs::FlushLevel::persistent, {.wr_id = 1}).complete()));
   const Completion c = expect_completion(q.cq_a);
   EXPECT_EQ(c.wr_id(), 1u);
