@@ -826,9 +826,8 @@ class SendBatch {
   /// are placed at the responder as `level` says (global: visible there; persistent: durable
   /// too). The target region needs Access::flush_global or Access::flush_persistent (else the
   /// flush completes with REM_ACCESS_ERR and the QP goes to ERR), the responder's QP the same
-  /// right in its access. Only where the device reports flush, and in a build against rdma-core 45 or newer
-  /// (built_with_flush): Errc::flush_unsupported otherwise (rxe from Linux 6.2). A flush is
-  /// not ordered after earlier reads or atomics unless fenced (PostOptions::fence).
+  /// right in its access. Only where the device reports flush (rxe from Linux 6.2) and in a
+  /// build against rdma-core 45 or newer (built_with_flush): Errc::flush_unsupported otherwise.
   [[gnu::always_inline]] SendBatch& flush(RemoteSlice target, FlushLevel level = FlushLevel::global,
                                           const PostOptions& o = {}) noexcept {
     if (admit_(static_cast<ibv_wr_opcode>(detail::wr_flush_op), o.inline_data ? Errc::inline_not_allowed : Errc{}, 0,
