@@ -21,6 +21,10 @@
 
 namespace verbs::detail {
 
+// The kernel's IB_UVERBS_DEVICE_FLUSH_GLOBAL and _PERSISTENT (device_cap_flags_ex), which
+// rdma-core 44's headers do not name yet.
+inline constexpr std::uint64_t device_flush_global = 1ULL << 38, device_flush_persistent = 1ULL << 39;
+
 /// True for SoftRoCE (rxe's vendor_id, RXE_VENDOR_ID in the kernel), whose provider in rdma-core
 /// 44 gets ibv_wr_set_sge_list and ibv_next_poll/ibv_end_poll wrong (SendBatch, start_poll).
 inline bool is_rxe(const ibv_device_attr_ex& dev) noexcept { return dev.orig_attr.vendor_id == 0xffffff; }

@@ -65,18 +65,17 @@ void check_access(AccessFlags access, ibv_context* context, const char* what, So
                             "from iova(), its virtual address unless registered at an Iova (for zero-based "
                             "addresses, register at Iova{0}: ibv_reg_mr_iova2(3))",
                         where);
-  // (IB_UVERBS_DEVICE_FLUSH_GLOBAL and _PERSISTENT, by value: rdma-core 44's headers lack them.)
-  constexpr std::uint64_t kFlushGlobal = 1ULL << 38, kFlushPersistent = 1ULL << 39;
-  for (const auto& [right, cap, name] : {std::tuple{Access::flush_global, kFlushGlobal, "flush_global"},
-                                         std::tuple{Access::flush_persistent, kFlushPersistent, "flush_persistent"}}) {
-    if (!(access & right)) continue;
-    if ((detail::device_attributes(context, where).device_cap_flags_ex & cap) == 0)
-      detail::throw_errno(EOPNOTSUPP,
-                          std::string(what) + ": Access::" + name +
-                              " on a device that does not report that flush (device_cap_flags_ex lacks "
-                              "IB_UVERBS_DEVICE_FLUSH_" + (cap == kFlushGlobal ? "GLOBAL" : "PERSISTENT") +
-                              "; rxe has it from Linux 6.2)",
-                          where);
+  if (access & (Access::flush_global | Access::flush_persistent)) {
+    const std::uint64_t caps = detail::device_attributes(context, where).device_cap_flags_ex;
+    for (const auto& [right, cap, name] :
+         {std::tuple{Access::flush_global, detail::device_flush_global, "GLOBAL"},
+          std::tuple{Access::flush_persistent, detail::device_flush_persistent, "PERSISTENT"}})
+      if ((access & right) && (caps & cap) == 0)
+        detail::throw_errno(EOPNOTSUPP,
+                            std::string(what) + ": Access::flush_" + (cap == detail::device_flush_global ? "global" : "persistent") +
+                                " on a device that does not report that flush (device_cap_flags_ex lacks "
+                                "IB_UVERBS_DEVICE_FLUSH_" + name + "; rxe has it from Linux 6.2)",
+                            where);
   }
   if (access & Access::on_demand) {
     const ibv_device_attr_ex dev = detail::device_attributes(context, where);

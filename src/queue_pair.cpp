@@ -34,8 +34,6 @@ std::uint32_t allowed_ops(QpType t, bool atomics) {
 // The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (device_cap_flags_ex), which rdma-core 44's
 // headers do not name yet.
 constexpr std::uint64_t kDeviceAtomicWrite = 1ULL << 40;
-// IB_UVERBS_DEVICE_FLUSH_GLOBAL and _PERSISTENT (likewise).
-constexpr std::uint64_t kDeviceFlush = (1ULL << 38) | (1ULL << 39);
 
 /// The send operations an extended QP of type `t` is made with: those posts allow on the type
 /// (allowed_ops), and atomic write and flush where the device reports them (flush only in a
@@ -50,7 +48,7 @@ std::uint64_t send_ops_for(QpType t, const ibv_device_attr_ex& dev, bool with_mw
   if (atomics) ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
   if (with_mw) ops |= IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
   if ((dev.device_cap_flags_ex & kDeviceAtomicWrite) != 0) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
-  if (built_with_flush && (dev.device_cap_flags_ex & kDeviceFlush) != 0) ops |= detail::qp_ex_with_flush;
+  if (built_with_flush && (dev.device_cap_flags_ex & (detail::device_flush_global | detail::device_flush_persistent)) != 0) ops |= detail::qp_ex_with_flush;
   return ops;
 }
 
