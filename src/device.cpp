@@ -98,6 +98,49 @@ std::string Gid::to_string() const {
   return text;
 }
 
+std::string Gid::to_wire() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    out[2 * i] = kDigits[raw[i] >> 4];
+    out[2 * i + 1] = kDigits[raw[i] & 0xf];
+  }
+  return out;
+}
+
+std::optional<Gid> Gid::parse(std::string_view text, std::error_code& ec) noexcept {
+  ec.clear();
+  Gid g;
+  const auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (text.size() == 32 && std::all_of(text.begin(), text.end(), [&](char c) { return nibble(c) >= 0; })) {
+    for (std::size_t i = 0; i < g.raw.size(); ++i)
+      g.raw[i] = static_cast<std::uint8_t>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
+    return g;
+  }
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (text.size() < sizeof buf) {
+    std::memcpy(buf, text.data(), text.size());
+    if (::inet_pton(AF_INET6, buf, g.raw.data()) == 1) return g;
+  }
+  ec = make_error_code(Errc::bad_encoding);
+  return std::nullopt;
+}
+
+Gid Gid::parse(std::string_view text, SourceLocation where) {
+  std::error_code ec;
+  if (auto g = parse(text, ec)) return *g;
+  detail::throw_error(ec,
+                      "Gid::parse: '" + std::string(text) +
+                          "' is neither IPv6 text (fe80::1, ::ffff:192.0.2.1 for an IPv4 address) nor rdma-core's "
+                          "wire form (32 hex digits, as ibv_rc_pingpong prints)",
+                      where);
+}
+
 AsyncEvent AsyncEvent::from(const ibv_async_event& e) noexcept {
   AsyncEvent ev;
   ev.raw = e;

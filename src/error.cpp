@@ -25,8 +25,8 @@ class VerbsCategory final : public std::error_category {
       case Errc::inline_too_large: return "inline data larger than the QP's max_inline_data";
       case Errc::too_many_sge: return "more scatter/gather entries than the queue was created with";
       case Errc::bad_qp_state:
-        return "queue pair state does not allow this operation (sends need RTS, receives INIT or later: "
-               "connect() an RC or UC QP, activate() a UD one)";
+        return "queue pair state does not allow this operation (sends need RTS: connect() an RC or UC QP, "
+               "activate() a UD one; receives need INIT or later: to_init() to post them before connecting)";
       case Errc::wrong_qp_type: return "operation not supported on this queue pair type";
       case Errc::qp_has_srq: return "queue pair takes its receives from a shared receive queue";
       case Errc::length_overflow: return "length does not fit in a work request (at most 2^32 - 1)";

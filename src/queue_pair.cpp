@@ -282,7 +282,9 @@ void QueuePair::setup_(const QpOptions& o, const ibv_qp_cap& granted, SourceLoca
   set_state_(state_);
 
   local_.qp_num = qp_->qp_num;
-  local_.psn = random_psn();
+  if (o.psn && *o.psn > 0xffffffu)
+    bad_option("QueuePair: QpOptions::psn " + hex(*o.psn) + " is over 24 bits (a PSN is 0..0xffffff)", where);
+  local_.psn = o.psn ? *o.psn : random_psn();
   local_.qkey = o.type == QpType::ud ? o.qkey : 0;
   local_.lid = port.lid;
   local_.mtu = port.active_mtu;

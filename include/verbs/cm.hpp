@@ -216,6 +216,10 @@ struct ConnectionOptions {
   std::span<const std::byte> private_data{};
   /// A buffer the peer learns in the handshake. The QP must grant the peer a right to it
   /// (.qp.access), else connect() and accept() refuse with EINVAL before anything is sent.
+  /// Lifetime: its MemoryRegion must stay registered as long as the peer may use it (until the
+  /// connection ends): the slice is only an address and a key, and a region destroyed
+  /// earlier, e.g. when the function that accepted returns, makes the peer's next read or write
+  /// fail with REM_ACCESS_ERR. Keep the region beside the Connection.
   std::optional<RemoteSlice> expose = std::nullopt;
   /// Called once the QP exists, before this side starts or answers the handshake (before
   /// rdma_connect(3) or rdma_accept(3)). Post the first receives here: a peer may send as soon

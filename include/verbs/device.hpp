@@ -37,6 +37,17 @@ struct Gid {
   [[nodiscard]] bool is_ipv4_mapped() const noexcept;
   /// Text form as IPv6 (\::ffff:192.0.2.1, fe80::...).
   [[nodiscard]] std::string to_string() const;
+  /// rdma-core's wire form: 32 lowercase hex digits, the bytes in order, as ibv_rc_pingpong and
+  /// the other pingpong tools exchange a GID (their gid_to_wire_gid).
+  [[nodiscard]] std::string to_wire() const;
+  ///@{
+  /// A GID from text: IPv6 text (fe80::1, \::ffff:192.0.2.1; an IPv4 address is written that
+  /// way) or rdma-core's wire form (32 hex digits, either case; wire_gid_to_gid). Throws
+  /// Error(Errc::bad_encoding) naming the text and both forms; the error_code form returns empty
+  /// instead (and clears `ec` on success).
+  [[nodiscard]] static Gid parse(std::string_view text, SourceLocation where = SourceLocation::current());
+  [[nodiscard]] static std::optional<Gid> parse(std::string_view text, std::error_code& ec) noexcept;
+  ///@}
   /// Equal when all 16 bytes are.
   friend bool operator==(const Gid&, const Gid&) = default;
 };

@@ -54,6 +54,12 @@ struct QpOptions {
   /// Create with ibv_create_qp_ex(3) and the send operations of its type (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS),
   /// so that QueuePair::batch() can post through the extended API (ibv_wr_post(3)); post() works too.
   bool extended = false;
+  /// The PSN of this QP's first request (24 bits), which the peer's RTR must expect: endpoint()
+  /// carries it, so a peer that connects from this QP's Endpoint needs nothing else. Default: a
+  /// random one per QP (as rdma-core's tools draw theirs). Set it to speak a protocol that fixes
+  /// or sends its own (ibv_rc_pingpong exchanges "LID QPN PSN GID"). Over 24 bits: Error
+  /// (Errc::bad_argument). Not for a cm::Connection, whose PSNs rdma_cm chooses (refused, EINVAL).
+  std::optional<std::uint32_t> psn = std::nullopt;
 };
 
 /// What a peer needs to connect to a QP: {qp_num, psn, gid or lid, mtu, qkey}, with a fixed
@@ -388,14 +394,17 @@ class QueuePair {
   [[nodiscard]] explicit operator bool() const noexcept { return qp_ != nullptr; }
 
   // ---- state transitions (ibv_modify_qp(3)); each throws Error with the errno ----
-  /// RESET -> INIT, with the access rights and port of the options.
+  /// RESET -> INIT, with the access rights and port of the options. Receives may be posted
+  /// from INIT on (not in RESET): call it before connect() to have them ready for the peer.
   void to_init(SourceLocation where = SourceLocation::current());
   /// INIT -> RTR towards `remote` (RC/UC); UD needs no remote.
   void to_rtr(const Endpoint& remote, const TransportOptions& options = {},
               SourceLocation where = SourceLocation::current());
   /// RTR -> RTS.
   void to_rts(const TransportOptions& options = {}, SourceLocation where = SourceLocation::current());
-  /// (RESET ->) INIT -> RTR -> RTS towards `remote`.
+  /// (RESET ->) INIT -> RTR -> RTS towards `remote`, from RESET or from INIT. The peer may send
+  /// as soon as its own side is connected, and a send that finds no receive meets RNR: post the
+  /// first receives in INIT (to_init(), post_recv(), then connect()), and they are kept.
   void connect(const Endpoint& remote, const TransportOptions& options = {},
                SourceLocation where = SourceLocation::current());
   /// UD: (RESET ->) INIT -> RTR -> RTS.
@@ -435,7 +444,8 @@ class QueuePair {
   /// The state of the last transition this object made (no system call).
   [[nodiscard]] QpState state() const noexcept { return static_cast<QpState>(state_now_()); }
 
-  /// What the peer needs to connect to this QP.
+  /// What the peer needs to connect to this QP: its number, its first PSN (QpOptions::psn, or
+  /// drawn at random when the QP was made), its GID or LID, MTU and Q_Key.
   [[nodiscard]] Endpoint endpoint() const noexcept { return local_; }
   /// The QP number.
   [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }

@@ -84,6 +84,8 @@ using namespace internal;
 
 void Connection::Impl::build(const ConnectionOptions& o, Phase phase, SourceLocation where) {
   if (o.qp.type != QpType::rc) fail(EINVAL, phase, "rdma_cm connections are RC (QpOptions::type)", where);
+  if (o.qp.psn)
+    fail(EINVAL, phase, "ConnectionOptions::qp.psn: rdma_cm chooses a connection's PSNs (leave it empty)", where);
   open(o, "ConnectionOptions::", "the connection", "make it from cm::device_for() or Listener::device()", phase, where);
   if (o.qp.srq != nullptr && o.qp.srq->native_handle()->pd != pd->native_handle())
     fail(EINVAL, phase,

@@ -858,6 +858,17 @@ TEST_F(Cm, OutOfRangeTransportOptionsAreRefusedBeforeConnecting) {
   EXPECT_EQ(a->code(), std::errc::invalid_argument) << a->what();
 }
 
+// rdma_cm chooses a connection's PSNs: a PSN in the QP options cannot be honoured, so it is
+// refused before anything is sent rather than ignored.
+TEST_F(Cm, APsnInTheQpOptionsIsRefusedBeforeConnecting) {
+  cm::Listener listener(test_addr(), 0);
+  const auto e = connect_error(
+      [&] { (void)cm::connect(test_addr(), listener.port(), {.timeout = 3s, .connection = {.qp = {.psn = 1}}}); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), std::errc::invalid_argument) << e->what();
+  EXPECT_TRUE(contains(e->what(), "qp.psn")) << e->what();
+}
+
 // Reads and atomics in flight are negotiated (rdma_accept(3)): the server answers with at most
 // what the request offers, so neither side initiates more than the other can take. Powers of two,
 // as rxe rounds these up.

@@ -150,6 +150,32 @@ TEST_F(QueuePair, QueryReportsWhatConnectSetOnEachSide) {
   EXPECT_EQ(p.a.query().state, QpState::err);
 }
 
+// The core's out-of-band recipe, as a protocol that fixes its PSNs does it (rdma-core's
+// pingpong tools exchange theirs): each QP starts from the PSN its options give, across the
+// 24-bit wrap, and a receiver brought to INIT first keeps the receives it posted there when it
+// connects (connect() from INIT), so the peer may send the moment it is connected.
+TEST_F(QueuePair, AGivenPsnIsTheFirstSentAndWrapsAndConnectFromInitKeepsTheReceives) {
+  verbs::CompletionQueue cq_a(*dev), cq_b(*dev);
+  verbs::QueuePair a(*pd, cq_a, rc({.psn = 0xfffffe}));
+  verbs::QueuePair b(*pd, cq_b, rc({.psn = 0}));
+  ASSERT_EQ(a.endpoint().psn, 0xfffffeu);
+  ASSERT_EQ(b.endpoint().psn, 0u);
+  b.to_init();
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(posted(b.post_recv(dst->slice(i * 1024, 1024), 10 + i)));
+  b.connect(a.endpoint(), QpPair::fast());
+  EXPECT_EQ(b.query().rq_psn, 0xfffffeu);
+  a.connect(b.endpoint(), QpPair::fast());
+  EXPECT_EQ(a.query().sq_psn, 0xfffffeu);
+  EXPECT_EQ(a.query().rq_psn, 0u);
+  for (std::uint64_t i = 0; i < 3; ++i) {  // PSNs 0xfffffe, 0xffffff, then 0
+    ASSERT_TRUE(posted(a.post_send(src->slice(i * 100, 100), {.wr_id = i})));
+    EXPECT_TRUE(completed(expect_completion(cq_a), WcOpcode::send, i));
+    EXPECT_TRUE(completed(expect_completion(cq_b), WcOpcode::recv, 10 + i));
+    EXPECT_TRUE(same_bytes(d(i * 1024, 100), s(i * 100, 100))) << "message " << i;
+  }
+  EXPECT_EQ(a.query().sq_psn, 1u) << "three single-packet sends from 0xfffffe";
+}
+
 TEST_F(QueuePair, QueryOfAFreshQpSaysResetAndAMovedFromOneRefuses) {
   verbs::CompletionQueue cq(*dev);
   verbs::QueuePair qp(*pd, cq, rc());

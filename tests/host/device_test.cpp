@@ -162,6 +162,56 @@ TEST(Gid, EqualityComparesAllBytes) {
   EXPECT_NE(a, b);
 }
 
+// rdma-core's tools exchange a GID as 32 hex digits (ibv_rc_pingpong's gid_to_wire_gid: each
+// 4-byte word of the GID, read in host order, printed as htobe32 of it with %08x): written here
+// again, independently of the library, to check against.
+std::string rdma_core_wire_gid(const Gid& g) {
+  std::uint32_t words[4];
+  std::memcpy(words, g.raw.data(), sizeof words);
+  std::string out;
+  for (const std::uint32_t w : words) {
+    char text[9];
+    std::snprintf(text, sizeof text, "%08x", htobe32(w));
+    out += text;
+  }
+  return out;
+}
+
+TEST(Gid, ParsesIpv6Text) {
+  for (const char* text : {"::ffff:192.0.2.1", "fe80::1234:5678", "2001:db8::1", "::"})
+    EXPECT_EQ(Gid::parse(text), gid_from_text(text)) << text;
+}
+
+TEST(Gid, ParsesAndWritesRdmaCoresWireForm) {
+  const Gid g = gid_from_text("fe80::a0b:c0d:e0f:1011");
+  const std::string wire = rdma_core_wire_gid(g);
+  ASSERT_EQ(wire, "fe800000000000000a0b0c0d0e0f1011");  // the bytes in order, whatever the host's order
+  EXPECT_EQ(g.to_wire(), wire);
+  EXPECT_EQ(Gid::parse(wire), g);
+  EXPECT_EQ(Gid::parse("FE800000000000000A0B0C0D0E0F1011"), g);  // either case
+  const Gid mapped = gid_from_text("::ffff:192.0.2.1");
+  EXPECT_EQ(mapped.to_wire(), "00000000000000000000ffffc0000201");
+  EXPECT_EQ(Gid::parse(mapped.to_wire()), mapped);
+}
+
+TEST(Gid, ParseRefusesWhatIsNeitherFormSayingWhy) {
+  for (const char* text : {"", "192.0.2.1", "fe80::1%eth0", "fe800000000000000a0b0c0d0e0f101",
+                           "fe800000000000000a0b0c0d0e0f10111", "fe800000000000000a0b0c0d0e0f101g", " ::1",
+                           "0x800000000000000a0b0c0d0e0f1011"}) {
+    const auto e = thrown_by([&] { (void)Gid::parse(text); });
+    ASSERT_TRUE(e) << "'" << text << "' was accepted";
+    EXPECT_EQ(e->code(), verbs::Errc::bad_encoding) << text;
+    EXPECT_TRUE(contains(e->what(), std::string("'") + text + "'")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "32 hex digits")) << e->what();
+    std::error_code ec;
+    EXPECT_FALSE(Gid::parse(text, ec).has_value()) << text;
+    EXPECT_EQ(ec, verbs::Errc::bad_encoding) << text;
+  }
+  std::error_code ec = make_error_code(verbs::Errc::timed_out);
+  EXPECT_EQ(Gid::parse("::1", ec), gid_from_text("::1"));
+  EXPECT_FALSE(ec) << "a parse that succeeds clears the error_code";
+}
+
 // ---- Mtu ----
 
 static_assert(verbs::mtu_bytes(verbs::Mtu::mtu256) == 256);

@@ -51,6 +51,14 @@ TEST(VerbsCategory, EveryErrcHasItsOwnSpecificMessage) {
   }
 }
 
+// A receive refused in RESET: the message names every way out, to_init() included (a newcomer
+// who wanted receives posted before connecting read connect() and activate() only).
+TEST(VerbsCategory, BadQpStateNamesEveryTransitionThatHelps) {
+  const std::string m = std::error_code(Errc::bad_qp_state).message();
+  for (const char* way : {"to_init()", "connect()", "activate()", "RTS", "INIT"})
+    EXPECT_TRUE(contains(m, way)) << way;
+}
+
 TEST(VerbsCategory, UnknownValueMessageNamesTheNumber) {
   EXPECT_TRUE(contains(verbs::verbs_category().message(kLastErrc + 1), std::to_string(kLastErrc + 1)));
 }

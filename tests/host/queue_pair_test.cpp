@@ -18,6 +18,7 @@
 #include <verbs/device.hpp>
 #include <verbs/queue_pair.hpp>
 
+#include "support/expect.hpp"
 #include "support/stub_provider.hpp"
 #include "support/stub_requests.hpp"
 #include "support/stub_sges.hpp"
@@ -472,6 +473,30 @@ TEST(QueuePairStub, SetUpWhileADeviceLivesAsksForThePortOnly) {
   const verbs::Device again = stub.device_handle();  // a second Device on the same context
   EXPECT_EQ(stub.device_queries, 2);
   EXPECT_EQ(again.attributes().orig_attr.max_qp_rd_atom, 16);
+}
+
+// ---- the PSN ----
+
+TEST(QueuePairStub, ThePsnIsRandomPerQpUnlessTheOptionsGiveIt) {
+  verbs_stub::Provider a_stub, b_stub, c_stub;
+  const verbs::QueuePair a = a_stub.queue_pair();
+  const verbs::QueuePair b = b_stub.queue_pair();
+  EXPECT_LE(a.endpoint().psn, 0xffffffu);
+  EXPECT_LE(b.endpoint().psn, 0xffffffu);
+  EXPECT_NE(a.endpoint().psn, b.endpoint().psn) << "two QPs drew the same PSN (1 in 2^24: run again)";
+  const verbs::QueuePair c = c_stub.queue_pair({.psn = 0xabcdef});
+  EXPECT_EQ(c.endpoint().psn, 0xabcdefu);
+  verbs_stub::Provider zero_stub;
+  EXPECT_EQ(zero_stub.queue_pair({.psn = 0}).endpoint().psn, 0u);
+}
+
+TEST(QueuePairStub, APsnOverTwentyFourBitsIsRefusedSayingSo) {
+  verbs_stub::Provider stub;
+  const auto e = verbs::test::thrown_by([&] { (void)stub.queue_pair({.psn = 0x1000000}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), Errc::bad_argument);
+  EXPECT_TRUE(verbs::test::contains(e->what(), "QpOptions::psn")) << e->what();
+  EXPECT_TRUE(verbs::test::contains(e->what(), "24 bits")) << e->what();
 }
 
 }  // namespace
