@@ -18,6 +18,7 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -109,10 +110,8 @@ asio::awaitable<void> session(verbs::cm::Connection conn, verbs::MemoryRegion sl
       ++stats.silent;
     } else {  // a request failed: the connection has ended; say how, once the events tell
       // (Not forever: a client whose host died sends no goodbye.)
-      asio::steady_timer quiet(ex);
-      quiet.expires_after(idle);
-      const auto how = co_await (end.async_wait_closed(asio::use_awaitable) || quiet.async_wait(asio::use_awaitable));
-      if (how.index() == 0) {
+      const auto [ec] = co_await end.async_wait_closed(idle, asio::experimental::as_tuple(asio::use_awaitable));
+      if (!ec) {
         why = "gone";
         ++stats.gone;
       }

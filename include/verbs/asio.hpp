@@ -8,13 +8,17 @@
 // In a coroutine built by g++ 12, pass options as named variables, not as temporaries inside the
 // co_await expression: g++ 12 destroys such a temporary wrongly (a double free; GCC bug 100611).
 //
-// Timeouts: async_connect and async_accept keep the limits of their options; for the waits, race
-// a timer (`co_await (waiter.async_wait(buf, use_awaitable) || timer.async_wait(use_awaitable))`
-// cancels the loser through its slot), or call cancel() from a timer's handler.
+// Deadlines: every wait takes one, as a timeout (`waiter.async_wait(buf, 2s, use_awaitable)`) or
+// a time point of std::chrono::steady_clock, and completes with std::errc::timed_out when it
+// passes with nothing to hand over; the forms without one wait until something comes or they are
+// cancelled. async_connect is bounded by ClientOptions (timeout, resolve_timeout); async_accept's
+// wait for a request by its deadline argument, and the handshake after it by
+// ListenOptions::handshake_timeout. Nothing needs a timer raced by hand.
 //
 // Nothing here allocates per completion: a waiter holds one asio descriptor for its fd (a dup of
-// it, registered with the reactor once), and a wait that finds completions ready completes
-// without touching the reactor (posted to the executor, as asio requires).
+// it, registered with the reactor once) and one timer for its deadlines, made with it, and a wait
+// that finds completions ready completes without touching the reactor (posted to the executor,
+// as asio requires).
 #pragma once
 
 #include <sys/epoll.h>
@@ -45,6 +49,11 @@ namespace verbs::asio {
 
 namespace net = ::asio;
 
+/// The clock of the deadlines.
+using Clock = std::chrono::steady_clock;
+/// No deadline: the wait lasts until something comes or it is cancelled.
+inline constexpr Clock::time_point no_deadline = Clock::time_point::max();
+
 namespace detail {
 /// A descriptor for readiness only, on a dup of `fd` (the fd stays its owner's; the dup goes
 /// with the descriptor).
@@ -52,6 +61,45 @@ inline net::posix::stream_descriptor watch(const net::any_io_executor& ex, int f
   const int d = ::dup(fd);
   if (d < 0) throw std::system_error(errno, std::generic_category(), "dup");
   return net::posix::stream_descriptor(ex, d);
+}
+/// The fd a wait sleeps on and the timer of its deadline: when the deadline passes, the timer
+/// cancels the fd's wait (`expired` tells that cancellation from the caller's). Shared with the
+/// timer's handler through a weak_ptr, so that an expiry still queued when the waiter goes, or
+/// when its wait has ended (`armed` moved on), does nothing.
+struct Watch {
+  explicit Watch(net::posix::stream_descriptor d) : fd(std::move(d)), timer(fd.get_executor()) {}
+  net::posix::stream_descriptor fd;
+  net::steady_timer timer;
+  unsigned armed = 0;    // which arming is current
+  bool expired = false;  // the current arming's deadline has passed
+
+  /// Starts the deadline of a wait (none for no_deadline).
+  static void arm(const std::shared_ptr<Watch>& w, Clock::time_point deadline) {
+    w->expired = false;
+    const unsigned now = ++w->armed;
+    if (deadline == no_deadline) return;
+    w->timer.expires_at(deadline);
+    w->timer.async_wait([weak = std::weak_ptr<Watch>(w), now](std::error_code ec) {
+      if (auto p = weak.lock(); p && !ec && now == p->armed) {
+        p->expired = true;
+        p->fd.cancel();
+      }
+    });
+  }
+  /// Ends the current deadline (the wait completed).
+  void disarm() {
+    ++armed;
+    timer.cancel();
+  }
+};
+/// A Watch of a dup of `fd`.
+inline std::shared_ptr<Watch> make_watch(const net::any_io_executor& ex, int fd) {
+  return std::make_shared<Watch>(watch(ex, fd));
+}
+/// `timeout` from now as a deadline (a timeout too long for the clock: none).
+inline Clock::time_point deadline_in(Clock::duration timeout) {
+  const Clock::time_point now = Clock::now();
+  return timeout >= no_deadline - now ? no_deadline : now + timeout;
 }
 /// Refuses a cm object's fd() of -1: the object is on an EventChannel, whose fd is every
 /// object's on it, readable for the others' news too (a wait on it would spin).
@@ -67,28 +115,64 @@ inline net::posix::stream_descriptor watch_own(const net::any_io_executor& ex, i
   require_own_fd(fd, what);
   return watch(ex, fd);
 }
-/// The wait of ChannelWaiter and DeviceEventWaiter: `read(out, ec)` (non-blocking) until it
-/// gives something, sleeping on `fd` between. As CqWaiter's, it reads only in a handler, and
-/// never once cancelled, so what it read is always handed over.
-template <typename Event, typename Read>
-struct ReadOp {
-  net::posix::stream_descriptor* fd;
-  Read read;
-  std::span<Event> out;
+
+/// What every wait here does, around what it reads: `try_read(self, ec)` is called in a handler
+/// only (never from inside the initiating function), first at once and then each time the fd is
+/// readable; it returns whether it completed the wait (through done()). A wait cancelled, or
+/// past its deadline, reads nothing more, so what a wait read is always handed over (with
+/// `wait || timer`, a wait whose result would be dropped reads nothing).
+template <typename Derived>
+struct WaitOp {
+  std::shared_ptr<Watch> w;
+  Clock::time_point deadline;
   bool started = false;
+
   template <typename Self>
   void operator()(Self& self, std::error_code ec = {}) {
-    if (!started) {  // never complete from inside the initiating function
+    if (!started) {
       started = true;
-      return net::post(fd->get_executor(), std::move(self));
+      Watch::arm(w, deadline);
+      return net::post(w->fd.get_executor(), std::move(self));
     }
-    if (ec) return self.complete(ec, 0);
+    if (ec == net::error::operation_aborted && w->expired) return done(self, std::make_error_code(std::errc::timed_out));
+    if (ec) return done(self, ec);
     if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
-      return self.complete(net::error::operation_aborted, 0);
+      return done(self, net::error::operation_aborted);
+    if (static_cast<Derived&>(*this).try_read(self)) return;
+    if (w->expired) return done(self, std::make_error_code(std::errc::timed_out));
+    w->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+  }
+  template <typename Self, typename... Result>
+  void done(Self& self, std::error_code ec, Result&&... result) {
+    w->disarm();
+    if constexpr (sizeof...(Result) == 0 && Derived::counts) {
+      self.complete(ec, std::size_t{0});
+    } else {
+      self.complete(ec, std::forward<Result>(result)...);
+    }
+  }
+};
+
+/// The wait of ChannelWaiter and DeviceEventWaiter: `read(out, ec)` (non-blocking) until it
+/// gives something, sleeping on the fd between.
+template <typename Event, typename Read>
+struct ReadOp : WaitOp<ReadOp<Event, Read>> {
+  static constexpr bool counts = true;
+  ReadOp(std::shared_ptr<Watch> watch, Clock::time_point until, Read r, std::span<Event> o)
+      : WaitOp<ReadOp>{std::move(watch), until}, read(std::move(r)), out(o) {}
+  Read read;
+  std::span<Event> out;
+  template <typename Self>
+  bool try_read(Self& self) {
+    std::error_code ec;
     const std::span<Event> got = read(out, ec);
-    if (ec) return self.complete(ec, 0);
-    if (!got.empty()) return self.complete(std::error_code{}, got.size());
-    fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    if (ec) {
+      this->done(self, ec);
+      return true;
+    }
+    if (got.empty()) return false;
+    this->done(self, std::error_code{}, got.size());
+    return true;
   }
 };
 }  // namespace detail
@@ -100,60 +184,68 @@ class CqWaiter {
  public:
   /// Watches `cq`'s channel fd. Throws Error(Errc::bad_argument) for a CQ without a channel of
   /// its own, std::system_error when the fd cannot be duplicated.
-  CqWaiter(const net::any_io_executor& ex, const CompletionQueue& cq) : cq_(&cq), fd_(open(ex, cq)) {}
+  CqWaiter(const net::any_io_executor& ex, const CompletionQueue& cq) : cq_(&cq), w_(open(ex, cq)) {}
 
+  ///@{
   /// Waits until `cq` has completions and completes with void(std::error_code, std::size_t n):
   /// the first n entries of `out` are filled. Polls first: ready completions cost no system
-  /// call. Errors: asio::error::operation_aborted when cancelled, or the device's error. `out`
-  /// must live until completion.
+  /// call. Errors: std::errc::timed_out when the deadline (a steady_clock time point, or a
+  /// timeout from now) passes first, asio::error::operation_aborted when cancelled, or the
+  /// device's error. `out` must live until completion.
   template <typename Token>
   auto async_wait(std::span<Completion> out, Token&& token) {
-    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{this, out}, token, fd_);
+    return async_wait(out, no_deadline, std::forward<Token>(token));
   }
+  template <typename Token>
+  auto async_wait(std::span<Completion> out, Clock::time_point deadline, Token&& token) {
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{{w_, deadline}, cq_, out}, token, w_->fd);
+  }
+  template <typename Token>
+  auto async_wait(std::span<Completion> out, Clock::duration timeout, Token&& token) {
+    return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
+  }
+  ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { fd_.cancel(); }
+  void cancel() { w_->fd.cancel(); }
   /// The CQ waited on.
   [[nodiscard]] const CompletionQueue& cq() const noexcept { return *cq_; }
 
  private:
-  static net::posix::stream_descriptor open(const net::any_io_executor& ex, const CompletionQueue& cq) {
+  static std::shared_ptr<detail::Watch> open(const net::any_io_executor& ex, const CompletionQueue& cq) {
     if (!cq.has_channel() || cq.shares_channel())
       throw Error(make_error_code(Errc::bad_argument),
                   "verbs::asio::CqWaiter: the CQ needs a completion channel of its own (CqOptions::with_channel); "
                   "for a shared one use ChannelWaiter");
-    return detail::watch(ex, cq.fd());
+    return detail::make_watch(ex, cq.fd());
   }
 
-  // Reads the CQ only in a handler, and only when not cancelled: what an operation read is
-  // always handed over (with `wait || timer`, a wait whose result would be dropped reads nothing).
-  struct Op {
-    CqWaiter* w;
+  // Polls, then arms the CQ and polls again (a completion between the two raises an event),
+  // and once the fd woke it, takes the channel's events first.
+  struct Op : detail::WaitOp<Op> {
+    static constexpr bool counts = true;
+    const CompletionQueue* cq;
     std::span<Completion> out;
-    enum { start, check, woken } state = start;
+    bool woken = false;
     template <typename Self>
-    void operator()(Self& self, std::error_code ec = {}) {
-      if (state == start) {  // never complete from inside the initiating function
-        state = check;
-        return net::post(w->fd_.get_executor(), std::move(self));
+    bool try_read(Self& self) {
+      std::error_code ec;
+      if (woken) (void)cq->consume_events(ec);
+      woken = true;  // the next call follows a wake-up
+      std::span<Completion> got;
+      if (!ec) got = cq->poll(out, ec);
+      if (!ec && got.empty()) got = cq->arm_and_poll(out, ec);
+      if (ec) {
+        this->done(self, ec);
+        return true;
       }
-      if (ec) return self.complete(ec, 0);
-      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
-        return self.complete(net::error::operation_aborted, 0);
-      if (state == woken) {
-        (void)w->cq_->consume_events(ec);
-        if (ec) return self.complete(ec, 0);
-      }
-      std::span<Completion> got = w->cq_->poll(out, ec);
-      if (!ec && got.empty()) got = w->cq_->arm_and_poll(out, ec);
-      if (ec) return self.complete(ec, 0);
-      if (!got.empty()) return self.complete(std::error_code{}, got.size());
-      state = woken;
-      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+      if (got.empty()) return false;
+      this->done(self, std::error_code{}, got.size());
+      return true;
     }
   };
 
   const CompletionQueue* cq_;
-  net::posix::stream_descriptor fd_;
+  std::shared_ptr<detail::Watch> w_;
 };
 
 /// Waits in asio for the events of a CompletionChannel shared by many CQs: one waiter for all
@@ -163,25 +255,36 @@ class ChannelWaiter {
  public:
   /// Watches `channel`'s fd. Throws std::system_error when it cannot be duplicated.
   ChannelWaiter(const net::any_io_executor& ex, const CompletionChannel& channel)
-      : channel_(&channel), fd_(detail::watch(ex, channel.fd())) {}
+      : channel_(&channel), w_(detail::make_watch(ex, channel.fd())) {}
 
+  ///@{
   /// Waits until the channel has events and completes with void(std::error_code, std::size_t
   /// n): the first n entries of `out` say which CQs fired; handle each (drain_and_arm) before
-  /// the next wait. `out` must live until completion.
+  /// the next wait. std::errc::timed_out when the deadline passes first (as CqWaiter's).
+  /// `out` must live until completion.
   template <typename Token>
   auto async_wait(std::span<CqEvent> out, Token&& token) {
+    return async_wait(out, no_deadline, std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto async_wait(std::span<CqEvent> out, Clock::time_point deadline, Token&& token) {
     // get_events() of a const channel: reading does not change what the channel is.
     auto* ch = const_cast<CompletionChannel*>(channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
     auto read = [ch](std::span<CqEvent> o, std::error_code& ec) { return ch->get_events(o, ec); };
     return net::async_compose<Token, void(std::error_code, std::size_t)>(
-        detail::ReadOp<CqEvent, decltype(read)>{&fd_, read, out}, token, fd_);
+        detail::ReadOp<CqEvent, decltype(read)>{w_, deadline, read, out}, token, w_->fd);
   }
+  template <typename Token>
+  auto async_wait(std::span<CqEvent> out, Clock::duration timeout, Token&& token) {
+    return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
+  }
+  ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { fd_.cancel(); }
+  void cancel() { w_->fd.cancel(); }
 
  private:
   const CompletionChannel* channel_;
-  net::posix::stream_descriptor fd_;
+  std::shared_ptr<detail::Watch> w_;
 };
 
 /// Waits in asio for a cm::Connection to end (the peer disconnected or died, the device went,
@@ -193,16 +296,28 @@ class ChannelWaiter {
 class ConnectionWaiter {
  public:
   /// Throws std::system_error when the epoll fd cannot be made.
-  ConnectionWaiter(const net::any_io_executor& ex, cm::Connection& conn) : conn_(&conn), fd_(open(ex, conn)) {}
+  ConnectionWaiter(const net::any_io_executor& ex, cm::Connection& conn)
+      : conn_(&conn), w_(std::make_shared<detail::Watch>(open(ex, conn))) {}
 
+  ///@{
   /// Completes with void(std::error_code) once the connection is over (no error), or with
+  /// std::errc::timed_out when the deadline passes first (the connection goes on),
   /// operation_aborted when cancelled, or rdma_cm's error.
   template <typename Token>
   auto async_wait_closed(Token&& token) {
-    return net::async_compose<Token, void(std::error_code)>(Op{this}, token, fd_);
+    return async_wait_closed(no_deadline, std::forward<Token>(token));
   }
+  template <typename Token>
+  auto async_wait_closed(Clock::time_point deadline, Token&& token) {
+    return net::async_compose<Token, void(std::error_code)>(Op{{w_, deadline}, conn_}, token, w_->fd);
+  }
+  template <typename Token>
+  auto async_wait_closed(Clock::duration timeout, Token&& token) {
+    return async_wait_closed(detail::deadline_in(timeout), std::forward<Token>(token));
+  }
+  ///@}
   /// Cancels the wait in progress.
-  void cancel() { fd_.cancel(); }
+  void cancel() { w_->fd.cancel(); }
 
  private:
   static net::posix::stream_descriptor open(const net::any_io_executor& ex, cm::Connection& conn) {
@@ -219,29 +334,24 @@ class ConnectionWaiter {
     return d;
   }
 
-  struct Op {
-    ConnectionWaiter* w;
-    bool started = false;
+  struct Op : detail::WaitOp<Op> {
+    static constexpr bool counts = false;
+    cm::Connection* conn;
     template <typename Self>
-    void operator()(Self& self, std::error_code ec = {}) {
-      if (!started) {  // never complete from inside the initiating function
-        started = true;
-        return net::post(w->fd_.get_executor(), std::move(self));
-      }
-      if (ec) return self.complete(ec);
-      if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
-        return self.complete(net::error::operation_aborted);
+    bool try_read(Self& self) {
       try {
-        if (!w->conn_->poll_events()) return self.complete(std::error_code{});
+        if (conn->poll_events()) return false;
       } catch (const Error& e) {
-        return self.complete(e.code());
+        this->done(self, e.code());
+        return true;
       }
-      w->fd_.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+      this->done(self, std::error_code{});
+      return true;
     }
   };
 
   cm::Connection* conn_;
-  net::posix::stream_descriptor fd_;
+  std::shared_ptr<detail::Watch> w_;
 };
 
 /// Waits in asio for a device's async events (Device::async_fd, Device::poll_async_events):
@@ -251,37 +361,46 @@ class DeviceEventWaiter {
  public:
   /// Watches `device`'s async fd. Throws std::system_error when it cannot be duplicated.
   DeviceEventWaiter(const net::any_io_executor& ex, const Device& device)
-      : device_(&device), fd_(detail::watch(ex, device.async_fd())) {}
+      : device_(&device), w_(detail::make_watch(ex, device.async_fd())) {}
 
+  ///@{
   /// Waits until events are pending and completes with void(std::error_code, std::size_t n):
-  /// the first n entries of `out` (already acknowledged). `out` must live until completion.
+  /// the first n entries of `out` (already acknowledged). std::errc::timed_out when the
+  /// deadline passes first (as CqWaiter's). `out` must live until completion.
   template <typename Token>
   auto async_wait(std::span<AsyncEvent> out, Token&& token) {
+    return async_wait(out, no_deadline, std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto async_wait(std::span<AsyncEvent> out, Clock::time_point deadline, Token&& token) {
     auto read = [d = device_](std::span<AsyncEvent> o, std::error_code& ec) { return d->poll_async_events(o, ec); };
     return net::async_compose<Token, void(std::error_code, std::size_t)>(
-        detail::ReadOp<AsyncEvent, decltype(read)>{&fd_, read, out}, token, fd_);
+        detail::ReadOp<AsyncEvent, decltype(read)>{w_, deadline, read, out}, token, w_->fd);
   }
+  template <typename Token>
+  auto async_wait(std::span<AsyncEvent> out, Clock::duration timeout, Token&& token) {
+    return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
+  }
+  ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { fd_.cancel(); }
+  void cancel() { w_->fd.cancel(); }
 
  private:
   const Device* device_;
-  net::posix::stream_descriptor fd_;
+  std::shared_ptr<detail::Watch> w_;
 };
 
 namespace detail {
 /// Drives a PendingConnect or PendingAccept: step() when its fd is readable or its deadline
-/// passes (a timer cancels the fd's wait then), until it gives the connection or fails.
+/// passes (the Watch's timer cancels the fd's wait then), until it gives the connection or fails.
 template <typename Pending>
 struct Stepper {
   struct State {
     State(const net::any_io_executor& ex, Pending p)
-        : pending(std::move(p)), fd(watch_own(ex, pending.fd(), "async_connect/async_accept")), timer(ex) {}
+        : pending(std::move(p)),
+          w(std::make_shared<Watch>(watch_own(ex, pending.fd(), "async_connect/async_accept"))) {}
     Pending pending;
-    net::posix::stream_descriptor fd;
-    net::steady_timer timer;
-    unsigned armed = 0;      // which arming of the timer is current (a stale expiry is ignored)
-    bool expired = false;    // the current arming cancelled the fd's wait
+    std::shared_ptr<Watch> w;
   };
   std::shared_ptr<State> s;
   std::optional<cm::Connection> done{};
@@ -292,30 +411,23 @@ struct Stepper {
   void operator()(Self& self, std::error_code ec = {}) {
     if (state == finishing) return self.complete(failed, std::move(done));
     if (ec && ec != net::error::operation_aborted) return finish(self, ec);
-    if (ec == net::error::operation_aborted && !s->expired) return finish(self, ec);  // the caller cancelled
-    s->expired = false;
+    if (ec == net::error::operation_aborted && !s->w->expired) return finish(self, ec);  // the caller cancelled
     std::error_code step_ec;
     if (auto c = s->pending.step(step_ec)) {
       done.emplace(std::move(*c));
       return finish(self, {});
     }
     if (step_ec) return finish(self, step_ec);
-    // At the deadline the timer cancels the fd's wait, and step() then fails with ETIMEDOUT.
-    s->timer.expires_at(s->pending.deadline());
-    s->timer.async_wait([st = std::weak_ptr<State>(s), armed = ++s->armed](std::error_code tec) {
-      if (auto p = st.lock(); p && !tec && armed == p->armed) {
-        p->expired = true;
-        p->fd.cancel();
-      }
-    });
-    s->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    // At the phase's deadline the timer cancels the fd's wait, and step() then fails with ETIMEDOUT.
+    Watch::arm(s->w, s->pending.deadline());
+    s->w->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }
   template <typename Self>
   void finish(Self& self, std::error_code ec) {
     failed = ec;
-    s->timer.cancel();
+    s->w->disarm();
     state = finishing;
-    net::post(s->fd.get_executor(), std::move(self));  // never from inside the initiation
+    net::post(s->w->fd.get_executor(), std::move(self));  // never from inside the initiation
   }
 };
 }  // namespace detail
@@ -335,25 +447,43 @@ auto async_connect(const net::any_io_executor& ex, std::string_view host, std::u
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(S{state}, token, ex);
 }
 
+///@{
 /// Listener::accept in asio: waits for a connection request, answers it and completes with
 /// void(std::error_code, std::optional<cm::Connection>) once the client confirmed (within
-/// ListenOptions::handshake_timeout), or with the error (the request is then rejected).
-/// Cancellation: operation_aborted. Call it again for the next client; `listener` must outlive
-/// the operation. One accept at a time per listener. The options are copied, but what they
-/// point at (private_data's bytes, pd, send_cq, recv_cq, qp.srq) is read when a request comes,
-/// so it must live until the operation completes; before_handshake runs inside it.
+/// ListenOptions::handshake_timeout), or with the error (the request is then rejected). With a
+/// deadline (a steady_clock time point, or a timeout from now), std::errc::timed_out when no
+/// request came by then (nothing is consumed: a request that comes later is the next accept's);
+/// a request that came in time is answered within handshake_timeout. Cancellation:
+/// operation_aborted. Call it again for the next client; `listener` must outlive the
+/// operation. One accept at a time per listener. The options are copied, but what they point
+/// at (private_data's bytes, pd, send_cq, recv_cq, qp.srq) is read when a request comes, so it
+/// must live until the operation completes; before_handshake runs inside it.
 template <typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
-                  Token&& token);
+                  Clock::time_point deadline, Token&& token);
+template <typename Token>
+auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
+                  Token&& token) {
+  return async_accept(ex, listener, options, no_deadline, std::forward<Token>(token));
+}
+template <typename Token>
+auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
+                  Clock::duration timeout, Token&& token) {
+  return async_accept(ex, listener, options, detail::deadline_in(timeout), std::forward<Token>(token));
+}
+///@}
 
 namespace detail {
+/// Waits for a request on the listener's fd (until the deadline), then hands the handshake to a
+/// Stepper.
 struct AcceptOp {
   cm::Listener* listener;
   cm::ConnectionOptions options;
-  std::shared_ptr<net::posix::stream_descriptor> fd;
+  std::shared_ptr<Watch> w;
+  Clock::time_point deadline;
   std::optional<cm::Connection> done{};
   std::error_code failed{};
-  enum { waiting, handshake, finishing } state = waiting;
+  enum { starting, waiting, handshake, finishing } state = starting;
   std::shared_ptr<typename Stepper<cm::PendingAccept>::State> hs{};
 
   template <typename Self>
@@ -363,13 +493,21 @@ struct AcceptOp {
       done = std::move(c);
       return finish(self, ec);
     }
-    if (ec) return finish(self, ec);
+    if (state == starting) {
+      state = waiting;
+      Watch::arm(w, deadline);
+    } else if (ec == net::error::operation_aborted && w->expired) {
+      return finish(self, std::make_error_code(std::errc::timed_out));
+    } else if (ec) {
+      return finish(self, ec);
+    }
     try {
       if (auto pending = listener->start_accept(options)) {
+        w->disarm();
         state = handshake;
-        hs = std::make_shared<typename Stepper<cm::PendingAccept>::State>(fd->get_executor(), std::move(*pending));
+        hs = std::make_shared<typename Stepper<cm::PendingAccept>::State>(w->fd.get_executor(), std::move(*pending));
         return net::async_compose<Self, void(std::error_code, std::optional<cm::Connection>)>(
-            Stepper<cm::PendingAccept>{hs}, self, fd->get_executor());  // moved from: the token is forwarded
+            Stepper<cm::PendingAccept>{hs}, self, w->fd.get_executor());  // moved from: the token is forwarded
       }
     } catch (const Error& e) {
       return finish(self, e.code());
@@ -382,26 +520,28 @@ struct AcceptOp {
     } catch (...) {  // before_handshake threw something else (the request was rejected)
       return finish(self, std::make_error_code(std::errc::connection_aborted));
     }
-    fd->async_wait(net::posix::descriptor_base::wait_read, std::move(self));
+    if (w->expired) return finish(self, std::make_error_code(std::errc::timed_out));
+    w->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }
   template <typename Self>
   void finish(Self& self, std::error_code ec) {
     failed = ec;
+    w->disarm();
     state = finishing;
-    net::post(fd->get_executor(), std::move(self));
+    net::post(w->fd.get_executor(), std::move(self));
   }
 };
 }  // namespace detail
 
 template <typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
-                  Token&& token) {
+                  Clock::time_point deadline, Token&& token) {
   // Refused before any request is answered: a connection accepted onto an EventChannel has no
   // fd of its own to step its handshake by.
   if (options.channel) detail::require_own_fd(-1, "async_accept");
-  auto fd = std::make_shared<net::posix::stream_descriptor>(detail::watch_own(ex, listener.fd(), "async_accept"));
+  auto w = std::make_shared<detail::Watch>(detail::watch_own(ex, listener.fd(), "async_accept"));
   return net::async_compose<Token, void(std::error_code, std::optional<cm::Connection>)>(
-      detail::AcceptOp{&listener, options, fd}, token, ex);
+      detail::AcceptOp{&listener, options, w, deadline}, token, ex);
 }
 
 }  // namespace verbs::asio

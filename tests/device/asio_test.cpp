@@ -2,6 +2,7 @@
 // coroutines (asio::use_awaitable) and with other tokens (a callback, use_future); cancellation.
 #include <verbs/asio.hpp>
 
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
@@ -13,6 +14,7 @@
 
 #include <array>
 #include <future>
+#include <thread>
 #include <variant>
 
 #include "fixture.hpp"
@@ -284,6 +286,105 @@ TEST_F(Asio, AsyncConnectToASilentAddressFailsAtItsDeadline) {
   EXPECT_LT(took, 5s);
 }
 
+
+// ---- deadlines: every wait takes one, and nothing needs a timer raced by hand ----
+
+// A CQ wait with a timeout ends timed_out when nothing comes, and the waiter goes on: the next
+// wait takes the completion. A deadline already past still hands over what is ready.
+TEST_F(Asio, ACqWaitWithATimeoutEndsTimedOutAndTheWaiterGoesOn) {
+  QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .with_channel = true});
+  verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+  bool done = false;
+  std::chrono::steady_clock::duration took{};
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    std::array<Completion, 4> wcs;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto [ec, n] = co_await waiter.async_wait(wcs, 300ms, asio::experimental::as_tuple(asio::use_awaitable));
+    took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(ec, std::errc::timed_out) << ec.message();
+    EXPECT_EQ(n, 0u);
+    EXPECT_TRUE(p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 5}).ok());
+    std::this_thread::sleep_for(100ms);  // the completion is in the CQ before the next wait
+    const std::size_t got = co_await waiter.async_wait(wcs, std::chrono::steady_clock::now() - 1s, asio::use_awaitable);
+    EXPECT_EQ(got, 1u) << "a deadline already past hands over what is ready";
+    EXPECT_TRUE(completed(wcs[0], WcOpcode::rdma_write, 5));
+    // And a wait that is woken before its deadline completes with what woke it.
+    asio::steady_timer later(io, 100ms);
+    later.async_wait([&](std::error_code) { (void)p.a.post_write(src->slice(8, 8), dst->remote().slice(8), {.wr_id = 6}); });
+    EXPECT_EQ(co_await waiter.async_wait(wcs, 10s, asio::use_awaitable), 1u);
+    EXPECT_TRUE(completed(wcs[0], WcOpcode::rdma_write, 6));
+    done = true;
+  }, asio::detached);
+  ASSERT_TRUE(run_until(io, [&] { return done; }));
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+}
+
+// The channel, device-event and connection waits end timed_out too; a connection whose wait
+// timed out is still up, and a later wait sees its end.
+TEST_F(Asio, ChannelDeviceAndConnectionWaitsEndTimedOutAtTheirDeadline) {
+  verbs::CompletionChannel channel(*dev);
+  verbs::CompletionQueue cq(*dev, {.depth = 64, .channel = &channel});
+  verbs::asio::ChannelWaiter channel_waiter(io.get_executor(), channel);
+  verbs::asio::DeviceEventWaiter device_waiter(io.get_executor(), *dev);
+  cm::Listener listener(test_addr(), 0);
+  std::optional<cm::Connection> server;
+  std::thread accepting([&] { server.emplace(listener.accept(10s)); });
+  cm::Connection client = cm::connect(test_addr(), listener.port(), {.timeout = 10s});
+  accepting.join();
+  ASSERT_TRUE(server.has_value());
+  verbs::asio::ConnectionWaiter connection_waiter(io.get_executor(), *server);
+  bool done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    std::array<verbs::CqEvent, 4> events;
+    std::array<verbs::AsyncEvent, 4> async_events;
+    const auto [e1, n1] = co_await channel_waiter.async_wait(events, 200ms, asio::experimental::as_tuple(asio::use_awaitable));
+    EXPECT_EQ(e1, std::errc::timed_out) << e1.message();
+    EXPECT_EQ(n1, 0u);
+    const auto deadline = std::chrono::steady_clock::now() + 200ms;
+    const auto [e2, n2] = co_await device_waiter.async_wait(async_events, deadline, asio::experimental::as_tuple(asio::use_awaitable));
+    EXPECT_EQ(e2, std::errc::timed_out) << e2.message();
+    EXPECT_GE(std::chrono::steady_clock::now(), deadline);
+    const auto [e3] = co_await connection_waiter.async_wait_closed(200ms, asio::experimental::as_tuple(asio::use_awaitable));
+    EXPECT_EQ(e3, std::errc::timed_out) << e3.message();
+    EXPECT_TRUE(server->connected()) << "a wait that timed out ends nothing";
+    client.disconnect();
+    const auto [e4] = co_await connection_waiter.async_wait_closed(10s, asio::experimental::as_tuple(asio::use_awaitable));
+    EXPECT_FALSE(e4) << e4.message();
+    done = true;
+  }, asio::detached);
+  ASSERT_TRUE(run_until(io, [&] { return done; }));
+}
+
+// async_accept with a deadline and no client ends timed_out, consuming nothing: the request of a
+// client that comes later is the next accept's.
+TEST_F(Asio, AsyncAcceptWithADeadlineEndsTimedOutAndTheNextAcceptTakesTheLaterClient) {
+  cm::Listener listener(test_addr(), 0);
+  bool done = false;
+  std::optional<cm::Connection> server, client;
+  std::chrono::steady_clock::duration took{};
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    const cm::ConnectionOptions options{};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [ec, c] = co_await verbs::asio::async_accept(io.get_executor(), listener, options, 300ms,
+                                                      asio::experimental::as_tuple(asio::use_awaitable));
+    took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(ec, std::errc::timed_out) << ec.message();
+    EXPECT_FALSE(c.has_value());
+    const cm::ClientOptions client_options{.timeout = 10s};
+    const std::string host = test_addr();
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      client = co_await verbs::asio::async_connect(io.get_executor(), host, listener.port(), client_options,
+                                                   asio::use_awaitable);
+    }, asio::detached);
+    server = co_await verbs::asio::async_accept(io.get_executor(), listener, options, 10s, asio::use_awaitable);
+    done = true;
+  }, asio::detached);
+  ASSERT_TRUE(run_until(io, [&] { return done && client.has_value(); }));
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_TRUE(server->connected());
+}
 
 /// The verbs::Error (bad_argument) `f` threw, its message; empty when it threw none.
 template <typename F>

@@ -3,7 +3,7 @@
 # every process exits as expected and prints what it should.
 #
 # Usage: run.sh CASE BIN_DIR
-#   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, echo_epoll, echo_asio, echo_threads, read_remote,
+#   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, echo_epoll, echo_asio, kv_asio, echo_threads, read_remote,
 #            atomic_counter, srq_server, datagram, datagram.udaddy, multicast, multicast.mckey, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
@@ -215,7 +215,7 @@ fi
 
 case $case_name in
   help)
-    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server datagram $( [ -x "$bin/echo_asio" ] && echo echo_asio); do
+    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server datagram $( [ -x "$bin/echo_asio" ] && echo echo_asio kv_asio); do
       start help --help
       finish 0
       expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
@@ -412,6 +412,16 @@ case $case_name in
         echo "$case_name: mckey's own loss on Linux $(uname -r): $(grep -o 'received [0-9]* of 10' "$work/server.err")"
       fi
     fi
+    ;;
+  kv_asio)
+    # Eight connections from coroutines on one thread, each reading 100 entries of the exposed
+    # table with a deadline on every wait; the server watches each one leave.
+    start_server -c 8
+    start client -p "$port" -c 8 -n 100 "$server_addr"
+    finish 0
+    expect client '^kv_asio: 8 connections read 800 entries \(100 each\), all as expected, in [0-9]+ ms$'
+    expect server '^kv_asio: served 8 clients$'
+    [ "$(grep -c ' left$' "$work/server.out")" = 8 ] || fail "the server did not see 8 clients leave"
     ;;
   read_remote)
     # The default 1 MiB, in reads of a size that does not divide it.
