@@ -1,5 +1,5 @@
 // Two queue pairs on one device, connected to each other: one RDMA-writes into the other's
-// buffer. The smallest complete use of the core API (README's first example).
+// buffer. The smallest complete use of the core API (docs/core.md).
 #include <verbs/verbs.hpp>
 
 #include <cstdio>

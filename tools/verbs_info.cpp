@@ -638,7 +638,7 @@ std::string duration_text(std::optional<std::chrono::milliseconds> d) {
 }
 
 // How long a request can take to fail with TransportOptions{} towards a peer with the same options:
-// the figures users and tests are told to wait for (README, "Defaults that never hang").
+// the figures users and tests are told to wait for (docs/connections.md, "Defaults that never hang").
 std::string defaults_text() {
   const verbs::TransportOptions o{};
   const verbs::FailureBound b = verbs::failure_bound(o);

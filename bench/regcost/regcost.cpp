@@ -10,7 +10,7 @@
 // both. Prints, per size, the median time to register and to deregister for both and the paired
 // ratios (the median of each pair's own ratio, ours over raw), then one line per size:
 //   paired reg_<size> <x>      (register and deregister together)
-// Figures, not assertions: this is what the README's "Memory registration" table comes from.
+// Figures, not assertions: this is what docs/performance.md's "Memory registration" table comes from.
 // Needs an RDMA device (run it in the SoftRoCE VM: scripts/rxe-vm -- build/bench/regcost/verbs_regcost).
 #include <sys/mman.h>
 

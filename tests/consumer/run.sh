@@ -8,6 +8,10 @@
 #   fetchcontent  FetchContent from the git repository SOURCE_DIR at its HEAD commit
 #   shared        SOURCE_DIR built with BUILD_SHARED_LIBS=ON and installed: SONAME, symlinks,
 #                 and a find_package consumer that resolves libverbs.so at run time
+#   build-tree    the README's command for the build tree (BUILD_DIR/doc-snippets/build-tree.sh,
+#                 as cmake/doc_snippets.cmake extracted it), run as written from a directory whose
+#                 include/ and build/ are SOURCE_DIR's and BUILD_DIR: with the tour as app.cpp
+#                 (linked, not run), then with main.cpp (run)
 # Environment: VERBS_VERSION (the project version, x.y.z), CXX (default c++).
 set -euo pipefail
 mode=$1 src=$2 build=$3 work=$4
@@ -97,6 +101,22 @@ case $mode in
     echo "libverbs.so.$major_minor resolves to $resolved"
     [ "$resolved" -ef "$so" ] || fail "libverbs.so.$major_minor resolves to '$resolved', not the installed $so"
     run_consumer "$out/consumer"
+    ;;
+  build-tree)
+    recipe=$build/doc-snippets/build-tree.sh
+    [ -f "$recipe" ] || fail "no $recipe: README.md has no build-tree block"
+    echo "the README's command: $(cat "$recipe")"
+    mkdir -p "$out"
+    ln -sfn "$src/include" "$out/include"
+    ln -sfn "$build" "$out/build"
+    for app in "$build/doc-snippets/tour.cpp" "$here/main.cpp"; do
+      cp "$app" "$out/app.cpp"
+      rm -f "$out/a.out"
+      (cd "$out" && bash -e "$recipe") || fail "the README's command failed on ${app##*/}"
+      [ -x "$out/a.out" ] || fail "the README's command made no a.out from ${app##*/}"
+      echo "built ${app##*/}"
+    done
+    run_consumer "$out/a.out"
     ;;
   *) fail "unknown mode" ;;
 esac

@@ -8,6 +8,14 @@ foreach(mode install package pkg-config subdirectory fetchcontent shared)
   set_tests_properties(consumer.${mode} PROPERTIES LABELS host TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT VERBS_VERSION=${PROJECT_VERSION})
 endforeach()
+# The README's command for the build tree links build/libverbs.a as it is: not in a build with
+# sanitizers (the consumer would need their flags) or a shared library.
+if(NOT VERBS_SANITIZE AND NOT BUILD_SHARED_LIBS AND NOT VERBS_BUILD_FUZZ)
+  add_test(NAME consumer.build-tree
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh build-tree ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                   ${verbs_consumer_work})
+  set_tests_properties(consumer.build-tree PROPERTIES LABELS host TIMEOUT 600 ENVIRONMENT VERBS_VERSION=${PROJECT_VERSION})
+endif()
 set_tests_properties(consumer.install PROPERTIES FIXTURES_SETUP verbs_installed)
 set_tests_properties(consumer.package consumer.pkg-config PROPERTIES FIXTURES_REQUIRED verbs_installed)
 

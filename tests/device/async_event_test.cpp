@@ -1,6 +1,6 @@
 // Async events on a real device (Device::async_fd, poll_async_events, AsyncEvent::concerns):
-// each event SoftRoCE can be made to raise, and a probe of those it cannot (README, "Async
-// events", lists them and how that was established).
+// each event SoftRoCE can be made to raise, and a probe of those it cannot (docs/async-events.md
+// lists them and how that was established).
 #include <poll.h>
 #include <unistd.h>
 
@@ -113,7 +113,7 @@ TEST_F(AsyncEvents, CqOverrunRaisesCqErrForThatCq) {
 }
 
 /// Whether this rxe raises QP_LAST_WQE_REACHED: rxe of Linux 6.1 does not, even after a packet
-/// reaches the QP (README, Async events); 6.12 does (measured for issue 28).
+/// reaches the QP (docs/async-events.md); 6.12 does (measured for issue 28).
 bool rxe_raises_last_wqe_reached(const verbs::Device&) { return linux_at_least(6, 12); }
 
 // A QP on an SRQ that goes to ERR raises LAST_WQE_REACHED (IB spec o10-37): the consumer may
@@ -196,7 +196,7 @@ TEST_F(AsyncEvents, ResponderErrorsRaiseQpAccessErrAndQpReqErr) {
   }
   if (is_rxe(*dev)) {
     // What rxe raises, by kernel (asserted, so that a kernel that changes it is noticed): neither
-    // up to Linux 6.12 (the responder's QP just goes to ERR; README, Async events); on 7.2
+    // up to Linux 6.12 (the responder's QP just goes to ERR; docs/async-events.md); on 7.2
     // QP_ACCESS_ERR for the wrong rkey, still no QP_REQ_ERR for the write the QP's rights refuse.
     const std::string expected = linux_at_least(7, 0) ? "QP_ACCESS_ERR" : "";
     EXPECT_EQ(raised, expected) << platform(*dev) << " raised [" << raised << "]";

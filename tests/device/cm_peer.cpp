@@ -89,7 +89,7 @@ int removal(const char* addr) {
     else if (r.find("Connection reset by peer") == std::string::npos) status = 1;
   }
   if (enodev < 2) status = 1;  // the listener and at least one end
-  // Which async events the removal raised (README, "Async events": rxe raises no DEVICE_FATAL).
+  // Which async events the removal raised (docs/async-events.md: rxe raises no DEVICE_FATAL).
   std::array<verbs::AsyncEvent, 16> events{};
   std::string seen;
   std::error_code ec;

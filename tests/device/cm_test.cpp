@@ -2005,7 +2005,7 @@ CmPair connect_pair(cm::Listener& listener, const cm::ConnectionOptions& server_
 
 /// Hands `type` for `qp` (null: a device event) to the context's async event reader as though
 /// read from the device: rxe raises no QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR nor DEVICE_FATAL
-/// (README, "Async events"), so routing is tested with injected events.
+/// (docs/async-events.md), so routing is tested with injected events.
 void inject(const Device& dev, ibv_event_type type, ibv_qp* qp = nullptr) {
   ibv_async_event raw{};
   raw.event_type = type;

@@ -90,7 +90,7 @@ TEST_F(CoreThreads, TwoPostersAndARegistrarShareOneDeviceAndPd) {
 
 // libibverbs lets ibv_query_qp and ibv_post_send run on one QP from two threads at once, and
 // query_state() only reads the device's view (refresh_state() is the one that changes what posts
-// read): a monitoring thread may query a QP while another posts on it (README, Threads).
+// read): a monitoring thread may query a QP while another posts on it (docs/threads.md).
 TEST_F(CoreThreads, QueryStateWhileAnotherThreadPosts) {
   QpPair p(*dev, *pd, {.max_send_wr = 16, .access = all_access}, QpPair::fast(), {.depth = 64});
   auto src = verbs::MemoryRegion::allocate(*pd, 4096, all_access);

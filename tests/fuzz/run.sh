@@ -3,7 +3,7 @@
 # corpus tests/fuzz/corpus/NAME. What it grows and any crash go to BIN_DIR/work/NAME/ (in the
 # build tree; the committed corpus is only read). Prints "fuzz NAME: passed|FAILED ..." per
 # target, the last lines of a failing target's log, and exits 1 if any failed.
-#   tests/fuzz/run.sh build-asan/tests/fuzz 600     # a longer run (see the README)
+#   tests/fuzz/run.sh build-asan/tests/fuzz 600     # a longer run (see docs/testing.md)
 set -uo pipefail
 bin=${1:?usage: run.sh BIN_DIR [SECONDS]}
 seconds=${2:-10}

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks tests/rdma-core-coverage.tsv, the map of rdma-core's tests/ (its generic test methods)
-to the tests here, and prints its counts (the README's table quotes them).
+to the tests here, and prints its counts (docs/testing.md's table quotes them).
 
 Usage: rdma_core_coverage.py TSV TESTS_DIR BUILD_DIR
 

@@ -4,7 +4,8 @@
 #   host_json       --json is valid JSON (devices, checks, healthy), also without a device
 #   host_defaults   the defaults line (text and --json, with or without a device) gives the
 #                   failure bound of TransportOptions{}, recomputed here from the specification,
-#                   and README.md's "Defaults that never hang" gives the same figures
+#                   and the guide's "Defaults that never hang" paragraph (README.md, docs/*.md:
+#                   VERBS_DOC_PAGES) gives the same figures
 #   healthy         --check on the test device: exit 0, "healthy"; the text report is complete
 #   json            --json on the test device: the port, the chosen GID, the probed inline size
 #   netdev_down, mtu_small, no_ipv4_gid
@@ -111,6 +112,10 @@ assert "rdma link add" in d["checks"][0]["fix"]' <<<"$json"
     printf '$ verbs-info | grep defaults:\n%s\n' "$text"
     [ -n "$text" ] || fail "verbs-info printed no defaults line"
     json=$("$info" --json 2>/dev/null)
+    # The pages of the guide, as cmake/doc_snippets.cmake lists them (":" between).
+    top=$(cd "$(dirname "$0")/../.." && pwd)
+    pages=${VERBS_DOC_PAGES:-$(printf '%s:' "$top/README.md" "$top"/docs/*.md)}
+    pages=${pages%:}
     check_json '
 x = d["defaults"]
 o = x["transport_options"]
@@ -134,10 +139,14 @@ for part in ("within %s of a peer that stops answering" % text(want["transport"]
              "%s if it meets both" % text(want["total"]), "verbs::failure_bound"):
     assert part in line, (part, line)
 assert line == sys.argv[1], ("text and --json differ", line, sys.argv[1])
-readme = " ".join(open(sys.argv[2]).read().split())
-para = re.search(r"\*\*Defaults that never hang\.\*\*(.*?)( - \*\*| #|$)", readme).group(1)  # to the next item or heading
+# The paragraph (blank lines apart) of the pages that starts so: exactly one.
+paras = [(page, " ".join(p.split())) for page in sys.argv[2].split(":")
+         for p in re.split(r"\n\s*\n", open(page).read())]
+found = [(page, p) for page, p in paras if p.startswith("**Defaults that never hang.**")]
+assert len(found) == 1, ("not one paragraph that starts with **Defaults that never hang.**", [f[0] for f in found])
+page, para = found[0]
 for figure in (text(want["transport"]), text(want["rnr"]), text(want["total"])):
-    assert figure in para, ("README.md does not give", figure, para)' "$text" "$(dirname "$0")/../../README.md" <<<"$json"
+    assert figure in para, (page + " does not give", figure, para)' "$text" "$pages" <<<"$json"
     ;;
   healthy)
     need_device

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Runs the README's tour or one of its snippets on the RDMA device; 77 (skipped) without one.
-#   readme.sh tour PROGRAM     the server (PROGRAM) and a client (PROGRAM ADDR)
-#   readme.sh expose PROGRAM   the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
-#   readme.sh ud PROGRAM       one process, both QPs
-#   readme.sh window PROGRAM   one process, both QPs: a memory window granted, then revoked
-#   readme.sh datagram PROGRAM one process (PROGRAM ADDR): UD and multicast through rdma_cm
+# Runs a program of the guide (a ```cpp block of README.md or docs/*.md with main(), built as
+# readme_NAME: cmake/doc_snippets.cmake) on the RDMA device; 77 (skipped) without one. Each
+# program has a case here that says how to run it and what it must print.
+#   readme.sh tour PROGRAM          README.md: the server (PROGRAM) and a client (PROGRAM ADDR)
+#   readme.sh core PROGRAM          docs/core.md: one process, two QPs connected from their endpoints
+#   readme.sh expose PROGRAM        docs/connections.md: the server (PROGRAM ADDR) and a client (PROGRAM ADDR read)
+#   readme.sh private-data PROGRAM  docs/connections.md: one process (PROGRAM ADDR), a refused client and an accepted one
+#   readme.sh asio PROGRAM          docs/event-driven.md: one process (PROGRAM ADDR), asio server and client coroutines
+#   readme.sh ud PROGRAM            docs/datagrams.md: one process, both QPs
+#   readme.sh datagram PROGRAM      docs/datagrams.md: one process (PROGRAM ADDR), UD and multicast through rdma_cm
+#   readme.sh window PROGRAM        docs/memory.md: one process, both QPs: a memory window granted, then revoked
 # VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh. Under
 # scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the other host.
 set -u
@@ -59,5 +64,23 @@ case "$name" in
     echo "exit $rc: $out"
     [ "$rc" -eq 0 ] && [[ "$out" == *"server got 'hello' from QP "* ]] && [[ "$out" == *"member got 'to all'"* ]]
     ;;
-  *) echo "readme.sh: unknown snippet $name" >&2; exit 2 ;;
+  core)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"a receive in RESET: queue pair state does not allow"* ]] &&
+      [[ "$out" == *"b got 'over the core' (14 bytes)"* ]]
+    ;;
+  private-data)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"status 28; the server said 'version 1 only'"* ]] &&
+      [[ "$out" == *"client: connected; the server said 'welcome'"* ]]
+    ;;
+  asio)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" == *"client: the echo is 'hello, asio'"* ]] &&
+      [[ "$out" == *"server: echoed 12 bytes; the client has gone"* ]]
+    ;;
+  *) echo "readme.sh: no case for the program '$name': add one that runs it and checks its output" >&2; exit 2 ;;
 esac

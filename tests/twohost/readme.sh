@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The README's two-host commands, as written, between the two hosts of scripts/rxe-pair. Run on
-# this machine (each command boots its own pair), from the source tree, with BIN_DIR standing for
-# the README's build/.
+# The guide's two-host commands (docs/connections.md), as written, between the two hosts of
+# scripts/rxe-pair. Run on this machine (each command boots its own pair), from the source tree,
+# with BIN_DIR standing for the page's build/. The blocks are read as cmake/doc_snippets.cmake
+# extracted them (BIN_DIR/doc-snippets/BLOCK.sh), from whichever page holds them.
 #   readme.sh two-hosts BIN_DIR   the "host A / host B" block: each line's left command on host a,
 #                                 its right one on host b, with 10.0.0.1 read as host a (192.0.2.1)
 #   readme.sh rxe-pair BIN_DIR    the scripts/rxe-pair block, each command as it stands
@@ -11,9 +12,11 @@ block=$1
 bin=$(cd "$2" && pwd)
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$top" || exit 1
-text=$(sed -n "/^<!-- $block: begin -->\$/,/^<!-- $block: end -->\$/p" README.md | sed '1,2d;$d' | sed '$d')
-[[ -n $text ]] || { echo "readme.sh: no '$block' block in README.md" >&2; exit 1; }
-# The README's build/ is this build tree.
+file=$bin/doc-snippets/$block.sh
+[[ -f $file ]] || { echo "readme.sh: no $file: no '$block' sh block in README.md or docs/*.md" >&2; exit 1; }
+text=$(<"$file")
+[[ -n $text ]] || { echo "readme.sh: the '$block' block is empty" >&2; exit 1; }
+# The page's build/ is this build tree.
 text=${text//build\//$bin/}
 failed=0
 run() {

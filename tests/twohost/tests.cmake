@@ -7,8 +7,8 @@
 # The cases that leave the wire and both hosts as they found them (the examples, the tour, rping,
 # verbs-perf, compare, the faults on the wire alone) share one pair, booted once by the fixture
 # twohost_pair (tests/twohost/shared-pair): a boot of a pair took about 25 s of each such test.
-# The faults that power host a off or change its MTU and the README's own commands boot pairs of
-# their own.
+# The faults that power host a off or change its MTU and the guide's two-host commands boot pairs
+# of their own.
 set(verbs_twohost_run ${CMAKE_CURRENT_LIST_DIR}/run.sh)
 set(verbs_twohost_state ${PROJECT_BINARY_DIR}/twohost-pair)
 set(verbs_twohost_shared ${verbs_twohost_run} --shared ${verbs_twohost_state})
@@ -32,7 +32,7 @@ foreach(case IN LISTS verbs_twohost_example_cases)
   add_test(NAME twohost.example.${case}
            COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/examples/run.sh ${case} $<TARGET_FILE_DIR:write_pingpong>)
 endforeach()
-# The README's tour and its expose snippet across the wire.
+# The README's tour and the expose program (docs/connections.md) across the wire.
 add_test(NAME twohost.readme_tour
          COMMAND ${verbs_twohost_shared} -- ${PROJECT_SOURCE_DIR}/tests/tour/readme.sh tour $<TARGET_FILE:readme_tour>)
 add_test(NAME twohost.readme_expose
@@ -55,8 +55,9 @@ add_test(NAME twohost.compare
          COMMAND ${verbs_twohost_shared} -- ${CMAKE_CURRENT_LIST_DIR}/compare.sh --serve-on-a $<TARGET_FILE:verbs-perf> ${PROJECT_BINARY_DIR}/twohost-compare
                     --device rxe0 --pairs 1 --sweep-pairs 0 --qp-pairs 1 --scale 50)
 
-# The README's two-host commands as written (tests/twohost/readme.sh): the "host A / host B"
-# block, and the scripts/rxe-pair block. Each boots its own pairs, from this machine.
+# The two-host commands of docs/connections.md as written (tests/twohost/readme.sh reads them as
+# cmake/doc_snippets.cmake extracted them): the "host A / host B" block, and the scripts/rxe-pair
+# block. Each boots its own pairs, from this machine.
 foreach(block two-hosts rxe-pair)
   add_test(NAME twohost.readme_${block}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/readme.sh ${block} ${PROJECT_BINARY_DIR})

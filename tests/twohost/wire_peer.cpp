@@ -254,7 +254,7 @@ Result run_one(const Options& o, int k, Clock::time_point end) {
         // The send was acknowledged: until the echo comes nothing of ours is posted, and a peer
         // whose host vanishes now would never be noticed (RC retries only what is outstanding).
         // So every kProbe without the echo, an 8-byte read of the counter probes the peer: it
-        // fails within the transport's bound when nobody answers (README, "Reliability").
+        // fails within the transport's bound when nobody answers (docs/connections.md, "Failure bounds").
         const auto echo_by = Clock::now() + op_timeout;
         std::optional<verbs::Completion> got;
         while (!(got = conn.wait_one(conn.recv_cq(), kProbe))) {
