@@ -32,12 +32,12 @@ import urllib.request
 TIMEOUT = 30  # seconds for any one step in the browser
 
 # Run in each page once it has loaded: lets Doxygen's scripts fill the navigation tree (a few
-# animation frames and 300 ms), waits up to 10 s for images still loading, then lists the images
-# and the links as the browser resolved them.
+# animation frames, and SETTLE ms more where a screenshot follows), waits up to 10 s for images
+# still loading, then lists the images and the links as the browser resolved them.
 INSPECT = r'''(async () => {
   const frames = n => new Promise(r => { const f = k => k ? requestAnimationFrame(() => f(k - 1)) : r(); f(n); });
   await frames(3);
-  await new Promise(r => setTimeout(r, 300));
+  await new Promise(r => setTimeout(r, SETTLE));
   await Promise.all(Array.from(document.images).filter(i => !i.complete).map(i => new Promise(r => {
     i.addEventListener('load', r); i.addEventListener('error', r); setTimeout(r, 10000); })));
   return {
@@ -67,7 +67,8 @@ class Browser:
         self.proc = subprocess.Popen(
             [exe, '--headless', '--no-sandbox', '--disable-gpu', '--remote-debugging-pipe',
              '--user-data-dir=' + self.profile, '--window-size=1280,900', '--hide-scrollbars',
-             '--no-first-run', '--no-default-browser-check', '--disable-extensions', 'about:blank'],
+             '--no-first-run', '--no-default-browser-check', '--disable-extensions', '--disable-dev-shm-usage',
+             'about:blank'],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             pass_fds=(3, 4), preexec_fn=fds)
         os.close(to_chrome_r)
@@ -236,7 +237,7 @@ def main(argv):
             if error:
                 failures.append('%s: did not load: %s' % (where, error))
                 continue
-            page = browser.evaluate(INSPECT)
+            page = browser.evaluate(INSPECT.replace('SETTLE', '300' if name == 'index.html' else '0'))
             if name == 'index.html':
                 os.makedirs(os.path.dirname(os.path.abspath(shot)), exist_ok=True)
                 browser.screenshot(shot)
