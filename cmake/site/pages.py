@@ -38,7 +38,7 @@ import shutil
 import sys
 import urllib.parse
 
-FENCE = re.compile(r'^ {0,3}(`{3,}|~{3,})')
+FENCE = re.compile(r'^[ \t]*(`{3,}|~{3,})')  # indented too: a fence in a list item
 ATX = re.compile(r'^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*$|^ {0,3}(#{1,6})[ \t]*$')
 SETEXT = re.compile(r'^ {0,3}(=+|-+)[ \t]*$')
 # An inline link or image whose destination has no space: [text](dest) or ![alt](dest "title").

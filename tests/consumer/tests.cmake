@@ -27,4 +27,11 @@ else()
     add_test(NAME ${name} COMMAND sh -c "echo 'doxygen or python3 is not installed: the site is not checked'; exit 77")
   endforeach()
 endif()
-set_tests_properties(docs docs.browser PROPERTIES LABELS host SKIP_RETURN_CODE 77)
+# cmake/site/pages.py on pages the test makes: what it writes, and that a link to nothing fails it.
+if(TARGET Python3::Interpreter)
+  add_test(NAME docs.pages COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/docs/pages_test.py
+           ${PROJECT_SOURCE_DIR}/cmake/site/pages.py)
+else()
+  add_test(NAME docs.pages COMMAND sh -c "echo 'python3 is not found: cmake/site/pages.py is not checked'; exit 77")
+endif()
+set_tests_properties(docs docs.browser docs.pages PROPERTIES LABELS host SKIP_RETURN_CODE 77)
