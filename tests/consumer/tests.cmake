@@ -1,4 +1,4 @@
-# Tests that use verbs from outside the tree (tests/consumer/run.sh) and the API reference build.
+# Tests that use verbs from outside the tree (tests/consumer/run.sh), and the site's (docs, docs.browser).
 # Included from the top-level CMakeLists.txt when VERBS_BUILD_TESTS is on.
 set(verbs_consumer_work ${PROJECT_BINARY_DIR}/consumer)
 foreach(mode install package pkg-config subdirectory fetchcontent shared)
@@ -19,11 +19,27 @@ endif()
 set_tests_properties(consumer.install PROPERTIES FIXTURES_SETUP verbs_installed)
 set_tests_properties(consumer.package consumer.pkg-config PROPERTIES FIXTURES_REQUIRED verbs_installed)
 
-# The API reference builds without a warning (an undocumented public declaration is one).
-if(DOXYGEN_FOUND AND VERBS_BUILD_DOCS)
-  add_test(NAME docs COMMAND ${DOXYGEN_EXECUTABLE} ${PROJECT_BINARY_DIR}/Doxyfile.docs
-           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# The site builds without a warning (an undocumented public declaration is one, and so is a link
+# or image of a page that leads nowhere: cmake/site/pages.py), and a browser finds every page,
+# link and image of it there (tests/docs/browser.py, headless Chromium; the index's screenshot is
+# build/docs/screenshot/index.png).
+if(TARGET docs)
+  add_test(NAME docs COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target docs)
+  add_test(NAME docs.browser COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/docs/browser.py
+           ${PROJECT_BINARY_DIR}/docs/html ${PROJECT_BINARY_DIR}/docs/pages/pages.tsv
+           ${PROJECT_BINARY_DIR}/docs/screenshot/index.png)
+  set_tests_properties(docs PROPERTIES FIXTURES_SETUP verbs_site)
+  set_tests_properties(docs.browser PROPERTIES FIXTURES_REQUIRED verbs_site TIMEOUT 300)
 else()
-  add_test(NAME docs COMMAND sh -c "echo 'doxygen is not installed: API reference not checked'; exit 77")
+  foreach(name docs docs.browser)
+    add_test(NAME ${name} COMMAND sh -c "echo 'doxygen or python3 is not installed: the site is not checked'; exit 77")
+  endforeach()
 endif()
-set_tests_properties(docs PROPERTIES LABELS host SKIP_RETURN_CODE 77)
+# cmake/site/pages.py on pages the test makes: what it writes, and that a link to nothing fails it.
+if(TARGET Python3::Interpreter)
+  add_test(NAME docs.pages COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/docs/pages_test.py
+           ${PROJECT_SOURCE_DIR}/cmake/site/pages.py)
+else()
+  add_test(NAME docs.pages COMMAND sh -c "echo 'python3 is not found: cmake/site/pages.py is not checked'; exit 77")
+endif()
+set_tests_properties(docs docs.browser docs.pages PROPERTIES LABELS host SKIP_RETURN_CODE 77)
