@@ -37,9 +37,9 @@ else()
 endif()
 # cmake/site/pages.py on pages the test makes: what it writes, and that a link to nothing fails it.
 if(TARGET Python3::Interpreter)
-  add_test(NAME docs.pages COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/docs/pages_test.py
+  add_test(NAME docs.site_pages COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/docs/pages_test.py
            ${PROJECT_SOURCE_DIR}/cmake/site/pages.py)
 else()
-  add_test(NAME docs.pages COMMAND sh -c "echo 'python3 is not found: cmake/site/pages.py is not checked'; exit 77")
+  add_test(NAME docs.site_pages COMMAND sh -c "echo 'python3 is not found: cmake/site/pages.py is not checked'; exit 77")
 endif()
-set_tests_properties(docs docs.browser docs.pages PROPERTIES LABELS host SKIP_RETURN_CODE 77)
+set_tests_properties(docs docs.browser docs.site_pages PROPERTIES LABELS host SKIP_RETURN_CODE 77)
