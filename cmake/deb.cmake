@@ -55,13 +55,20 @@ This package has the headers, the static library libverbs.a, the shared
 library libverbs.so.${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}, the CMake package configuration (find_package(verbs):
 verbs::verbs is the static library, verbs::verbs_shared the shared one) and
 the pkg-config file verbs.pc.")
+if(BUILD_SHARED_LIBS)
+  string(REGEX REPLACE "This package has .*" "This package has the headers, the shared library libverbs.so.${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR},
+the CMake package configuration (find_package(verbs): verbs::verbs) and the
+pkg-config file verbs.pc." CPACK_DEBIAN_DEV_DESCRIPTION "${CPACK_DEBIAN_DEV_DESCRIPTION}")
+endif()
 set(verbs_deb_control ${PROJECT_BINARY_DIR}/deb-control/libverbs-dev)
+set(verbs_deb_shlibs "")
 if(TARGET verbs_shared OR BUILD_SHARED_LIBS)
   # ldconfig as a trigger, and a shlibs file, so that dpkg-shlibdeps finds the package of a
   # program linked with libverbs.so.MAJOR.MINOR (a new SONAME each minor release in 0.x).
+  set(verbs_deb_shlibs
+      "libverbs ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR} libverbs-dev (>= ${PROJECT_VERSION})")
   file(WRITE ${verbs_deb_control}/triggers "activate-noawait ldconfig\n")
-  file(WRITE ${verbs_deb_control}/shlibs
-       "libverbs ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR} libverbs-dev (>= ${PROJECT_VERSION})\n")
+  file(WRITE ${verbs_deb_control}/shlibs "${verbs_deb_shlibs}\n")
   set(CPACK_DEBIAN_DEV_PACKAGE_CONTROL_EXTRA ${verbs_deb_control}/triggers ${verbs_deb_control}/shlibs)
 endif()
 
