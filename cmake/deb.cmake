@@ -80,6 +80,32 @@ with --check, diagnoses the setup and prints the command that fixes each
 problem. verbs-perf runs perftest's tests (ib_write_bw, ib_send_lat, ...) on
 the verbs library, measured as perftest measures them.")
 
+# Each package's /usr/share/doc/PACKAGE: copyright (the license) and changelog.Debian.gz, which
+# Debian requires. Only in the packages: the rules are left out of a plain install
+# (EXCLUDE_FROM_ALL; cpack installs component by component).
+string(TIMESTAMP verbs_deb_date "%a, %d %b %Y %H:%M:%S +0000" UTC)  # or SOURCE_DATE_EPOCH's
+foreach(verbs_component dev tools)
+  if(NOT verbs_component IN_LIST CPACK_COMPONENTS_ALL)
+    continue()
+  endif()
+  string(TOUPPER ${verbs_component} verbs_group)
+  set(verbs_package ${CPACK_DEBIAN_${verbs_group}_PACKAGE_NAME})
+  set(verbs_doc ${PROJECT_BINARY_DIR}/deb-control/${verbs_package})
+  file(WRITE ${verbs_doc}/changelog.Debian
+"${verbs_package} (${PROJECT_VERSION}-${VERBS_DEB_RELEASE}) unstable; urgency=medium
+
+  * verbs ${PROJECT_VERSION}, packaged with CPack (cmake/deb.cmake).
+
+ -- ${VERBS_DEB_MAINTAINER}  ${verbs_deb_date}
+")
+  file(ARCHIVE_CREATE OUTPUT ${verbs_doc}/changelog.Debian.gz PATHS ${verbs_doc}/changelog.Debian
+       FORMAT raw COMPRESSION GZip COMPRESSION_LEVEL 9)
+  install(FILES ${verbs_doc}/changelog.Debian.gz DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${verbs_package}
+          COMPONENT ${verbs_component} EXCLUDE_FROM_ALL)
+  install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${verbs_package}
+          RENAME copyright COMPONENT ${verbs_component} EXCLUDE_FROM_ALL)
+endforeach()
+
 # The ELF files whose run-time dependencies (dpkg-shlibdeps) each package declares: the shared
 # library (none: a build without one) and the programs.
 set(verbs_deb_shared_library "")

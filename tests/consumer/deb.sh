@@ -2,7 +2,8 @@
 # package.deb: the Debian packages of cmake/deb.cmake, made with cpack from BUILD_DIR as it is
 # (built already; only the consumer is compiled here), then
 #  - their file names, control fields and members (libverbs-dev: an ldconfig trigger and a shlibs
-#    file; neither has a maintainer script) and their contents, file by file;
+#    file; neither has a maintainer script) and their contents, file by file (each with the
+#    copyright, LICENSE, and a changelog.Debian.gz);
 #  - their Depends: libverbs-dev names libibverbs-dev, librdmacm-dev and pkg-config, and each
 #    names the package of every library its ELF files need (readelf's NEEDED, dpkg -S's owner);
 #    verbs-tools does not need libverbs-dev;
@@ -72,8 +73,10 @@ expected_dev=$(
     echo "$l/cmake/verbs/$f.cmake"
   done
   echo "$l/pkgconfig/verbs.pc"
+  printf '%s\n' ./usr/share/doc/libverbs-dev/copyright ./usr/share/doc/libverbs-dev/changelog.Debian.gz
 )
-expected_tools=$(printf '%s\n' ./usr/bin/verbs-info ./usr/bin/verbs-perf)
+expected_tools=$(printf '%s\n' ./usr/bin/verbs-info ./usr/bin/verbs-perf ./usr/share/doc/verbs-tools/copyright \
+                                ./usr/share/doc/verbs-tools/changelog.Debian.gz)
 declare -A depends needed
 for deb in "$dev" "$tools"; do
   name=${deb##*/}
@@ -95,6 +98,10 @@ for deb in "$dev" "$tools"; do
   if [ "$deb" = "$dev" ]; then expected=$expected_dev; else expected=$expected_tools; fi
   diff <(sort <<<"$expected") <(contents "$deb") >"$work/contents.diff" ||
     { cat "$work/contents.diff"; fail "$name: its contents ('>') are not those expected ('<')"; }
+  doc=$work/files/$name/usr/share/doc/$name
+  cmp -s "$doc/copyright" "$src/LICENSE" || fail "$name: its copyright is not LICENSE"
+  [ "$(gzip -dc "$doc/changelog.Debian.gz" | head -n 1)" = "$name ($version-$release) unstable; urgency=medium" ] ||
+    fail "$name: changelog.Debian.gz does not begin with this version's entry"
   members=$(cd "$work/control/$name" && echo *)
   if [ "$deb" = "$dev" ]; then want="control md5sums shlibs triggers"; else want="control md5sums"; fi
   [ "$members" = "$want" ] || fail "$name: control members are '$members', expected '$want' (no maintainer scripts)"
