@@ -19,6 +19,17 @@ endif()
 set_tests_properties(consumer.install PROPERTIES FIXTURES_SETUP verbs_installed)
 set_tests_properties(consumer.package consumer.pkg-config PROPERTIES FIXTURES_REQUIRED verbs_installed)
 
+# The Debian packages of cmake/deb.cmake, made with cpack from this build: checked, installed with
+# dpkg into a scratch root (never the system's), used by the consumer there, purged
+# (tests/consumer/deb.sh).
+if(VERBS_INSTALL)
+  add_test(NAME package.deb
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/deb.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                   ${PROJECT_BINARY_DIR}/package-deb)
+  set_tests_properties(package.deb PROPERTIES LABELS host TIMEOUT 600 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "VERBS_VERSION=${PROJECT_VERSION};VERBS_DEB_RELEASE=${VERBS_DEB_RELEASE};VERBS_LIBDIR=${CMAKE_INSTALL_LIBDIR};VERBS_BUILD_TYPE=${CMAKE_BUILD_TYPE}")
+endif()
+
 # The site builds without a warning (an undocumented public declaration is one, and so is a link
 # or image of a page that leads nowhere: cmake/site/pages.py), and a browser finds every page,
 # link and image of it there (tests/docs/browser.py, headless Chromium; the index's screenshot is
