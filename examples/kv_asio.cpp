@@ -19,6 +19,7 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <array>
@@ -29,6 +30,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "example_args.hpp"
 
@@ -71,17 +73,19 @@ asio::awaitable<void> serve(const example::Args& args, std::uint64_t entries, st
   // Options as a named variable: g++ 12 destroys a temporary in a co_await expression wrongly.
   const verbs::cm::ConnectionOptions options{.qp = {.access = verbs::Access::remote_read}, .pd = &pd,
                                              .expose = table.remote()};
-  std::uint64_t served = 0, live = 0;
+  std::uint64_t served = 0, live = 0, failed_in_a_row = 0;
   while (clients == 0 || served < clients) {
     auto [ec, conn] = co_await verbs::asio::async_accept(ex, listener, options, args.timeout, as_tuple(asio::use_awaitable));
     if (ec == std::errc::timed_out) {
       std::printf("%s: no client for %lld s\n", kName, static_cast<long long>(args.timeout.count()));
       break;
     }
-    if (ec) {
+    if (ec) {  // this request's failure; ten in a row is the listener's (its device gone, say)
       std::printf("%s: a request failed: %s\n", kName, ec.message().c_str());
+      if (++failed_in_a_row == 10) throw std::system_error(ec, "ten requests in a row failed");
       continue;
     }
+    failed_in_a_row = 0;
     ++served;
     ++live;
     asio::co_spawn(ex, watch(std::move(*conn), args.timeout, live), asio::detached);

@@ -10,10 +10,15 @@
 //
 // Deadlines: every wait takes one, as a timeout (`waiter.async_wait(buf, 2s, use_awaitable)`) or
 // a time point of std::chrono::steady_clock, and completes with std::errc::timed_out when it
-// passes with nothing to hand over; the forms without one wait until something comes or they are
-// cancelled. async_connect is bounded by ClientOptions (timeout, resolve_timeout); async_accept's
-// wait for a request by its deadline argument, and the handshake after it by
-// ListenOptions::handshake_timeout. Nothing needs a timer raced by hand.
+// passes with nothing to hand over (what came by then is handed over); the forms without one wait
+// until something comes or they are cancelled: through a cancellation slot, the waiter's
+// cancel(), or the waiter's end (destroyed or assigned over, it ends its wait in progress).
+// Cancelled and past its deadline at once, a wait is cancelled (operation_aborted). A timeout
+// longer than the clock holds is no deadline. Each step of a wait, and its deadline's expiry,
+// runs in a handler on the operation's executor (a strand's, say), never in the initiation.
+// async_connect is bounded by ClientOptions (timeout, resolve_timeout); async_accept's wait for a
+// request by its deadline argument, and the handshake after it by ListenOptions::handshake_timeout.
+// Nothing needs a timer raced by hand.
 //
 // Nothing here allocates per completion: a waiter holds one asio descriptor for its fd (a dup of
 // it, registered with the reactor once) and one timer for its deadlines, made with it, and a wait
@@ -26,6 +31,7 @@
 
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/compose.hpp>
 #include <asio/error.hpp>
 #include <asio/post.hpp>
@@ -63,43 +69,100 @@ inline net::posix::stream_descriptor watch(const net::any_io_executor& ex, int f
   return net::posix::stream_descriptor(ex, d);
 }
 /// The fd a wait sleeps on and the timer of its deadline: when the deadline passes, the timer
-/// cancels the fd's wait (`expired` tells that cancellation from the caller's). Shared with the
-/// timer's handler through a weak_ptr, so that an expiry still queued when the waiter goes, or
-/// when its wait has ended (`armed` moved on), does nothing.
+/// cancels the fd's wait (`expired` tells that cancellation from the caller's, `cancelled`).
+/// Shared with the timer's handler through a weak_ptr, so that an expiry still queued when the
+/// waiter goes, or when its wait has ended (`armed` moved on), does nothing.
 struct Watch {
   explicit Watch(net::posix::stream_descriptor d) : fd(std::move(d)), timer(fd.get_executor()) {}
   net::posix::stream_descriptor fd;
   net::steady_timer timer;
-  unsigned armed = 0;    // which arming is current
-  bool expired = false;  // the current arming's deadline has passed
+  unsigned armed = 0;      // which arming is current
+  bool expired = false;    // the current arming's deadline has passed
+  bool cancelled = false;  // the wait in progress was asked to end (cancel(), or the waiter went)
 
-  /// Starts the deadline of a wait (none for no_deadline).
-  static void arm(const std::shared_ptr<Watch>& w, Clock::time_point deadline) {
+  /// Starts the deadline of a wait (none for no_deadline); its expiry runs on `ex`, the wait's
+  /// executor (a strand's, say), as the wait's own steps do.
+  template <typename Executor>
+  static void arm(const std::shared_ptr<Watch>& w, Clock::time_point deadline, const Executor& ex) {
     w->expired = false;
     const unsigned now = ++w->armed;
     if (deadline == no_deadline) return;
     w->timer.expires_at(deadline);
-    w->timer.async_wait([weak = std::weak_ptr<Watch>(w), now](std::error_code ec) {
+    w->timer.async_wait(net::bind_executor(ex, [weak = std::weak_ptr<Watch>(w), now](std::error_code ec) {
       if (auto p = weak.lock(); p && !ec && now == p->armed) {
         p->expired = true;
         p->fd.cancel();
       }
-    });
+    }));
   }
   /// Ends the current deadline (the wait completed).
   void disarm() {
     ++armed;
     timer.cancel();
   }
+  /// Ends the wait in progress, whether it sleeps on the fd or its next step is queued: it
+  /// completes with operation_aborted.
+  void cancel() {
+    cancelled = true;
+    fd.cancel();
+  }
+};
+/// A waiter's Watch, move-only. A waiter that goes (destroyed, or assigned over) ends its wait in
+/// progress, which completes with operation_aborted, and closes its fd: the operation holds the
+/// Watch, and would otherwise sleep on for ever.
+class WatchHandle {
+ public:
+  explicit WatchHandle(std::shared_ptr<Watch> w) : w_(std::move(w)) {}
+  WatchHandle(WatchHandle&&) noexcept = default;
+  WatchHandle& operator=(WatchHandle&& o) noexcept {
+    if (this != &o) {
+      end();
+      w_ = std::move(o.w_);
+    }
+    return *this;
+  }
+  WatchHandle(const WatchHandle&) = delete;
+  WatchHandle& operator=(const WatchHandle&) = delete;
+  ~WatchHandle() { end(); }
+
+  /// The Watch for a wait that begins; Error(Errc::empty_object) for a moved-from waiter.
+  const std::shared_ptr<Watch>& begin(const char* waiter) const {
+    if (!w_)
+      throw Error(make_error_code(Errc::empty_object), std::string("verbs::asio::") + waiter + ": moved from");
+    w_->cancelled = false;
+    return w_;
+  }
+  /// Watch::cancel(); nothing for a moved-from waiter.
+  void cancel() const {
+    if (w_) w_->cancel();
+  }
+
+ private:
+  void end() noexcept {
+    if (!w_) return;
+    std::error_code ignored;
+    w_->cancelled = true;
+    ++w_->armed;
+    try {
+      w_->timer.cancel();
+    } catch (const std::system_error&) {  // (the timer's expiry is ignored anyway: `armed` moved on)
+    }
+    (void)w_->fd.close(ignored);
+  }
+  std::shared_ptr<Watch> w_;
 };
 /// A Watch of a dup of `fd`.
-inline std::shared_ptr<Watch> make_watch(const net::any_io_executor& ex, int fd) {
-  return std::make_shared<Watch>(watch(ex, fd));
+inline WatchHandle make_watch(const net::any_io_executor& ex, int fd) {
+  return WatchHandle(std::make_shared<Watch>(watch(ex, fd)));
 }
-/// `timeout` from now as a deadline (a timeout too long for the clock: none).
-inline Clock::time_point deadline_in(Clock::duration timeout) {
+/// `timeout` from now as a deadline: none for a timeout past what the clock holds (compared in
+/// long double, so that seconds::max() does not wrap on its way to nanoseconds).
+template <typename Rep, typename Period>
+Clock::time_point deadline_in(std::chrono::duration<Rep, Period> timeout) {
+  using Wide = std::chrono::duration<long double, std::nano>;
   const Clock::time_point now = Clock::now();
-  return timeout >= no_deadline - now ? no_deadline : now + timeout;
+  if (Wide(timeout) >= Wide(no_deadline - now)) return no_deadline;
+  return now + std::chrono::duration_cast<Clock::duration>(timeout);
 }
 /// Refuses a cm object's fd() of -1: the object is on an EventChannel, whose fd is every
 /// object's on it, readable for the others' news too (a wait on it would spin).
@@ -116,27 +179,32 @@ inline net::posix::stream_descriptor watch_own(const net::any_io_executor& ex, i
   return watch(ex, fd);
 }
 
-/// What every wait here does, around what it reads: `try_read(self, ec)` is called in a handler
-/// only (never from inside the initiating function), first at once and then each time the fd is
-/// readable; it returns whether it completed the wait (through done()). A wait cancelled, or
-/// past its deadline, reads nothing more, so what a wait read is always handed over (with
-/// `wait || timer`, a wait whose result would be dropped reads nothing).
+/// What every wait here does, around what it reads: `try_read(self)` is called in a handler only
+/// (never from inside the initiating function), first in a step posted by the initiation and
+/// then each time the fd is readable, and once more when the deadline cancelled the fd's wait
+/// (what came meanwhile is handed over); it returns whether it completed the wait (through
+/// done() or hand_over()). A wait cancelled (its slot, cancel(), the waiter gone) reads nothing
+/// more, so what a wait read is always handed over (with `wait || timer`, a wait whose result
+/// would be dropped reads nothing); cancelled and past its deadline at once, it is cancelled.
 template <typename Derived>
 struct WaitOp {
   std::shared_ptr<Watch> w;
   Clock::time_point deadline;
-  bool started = false;
+  enum { start, first, sleeping } step = start;
 
   template <typename Self>
   void operator()(Self& self, std::error_code ec = {}) {
-    if (!started) {
-      started = true;
-      Watch::arm(w, deadline);
+    if (step == start) {
+      step = first;
       return net::post(w->fd.get_executor(), std::move(self));
     }
-    if (ec == net::error::operation_aborted && w->expired) return done(self, std::make_error_code(std::errc::timed_out));
-    if (ec) return done(self, ec);
-    if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+    if (step == first) {  // in a handler, on the wait's executor: the deadline starts here
+      step = sleeping;
+      Watch::arm(w, deadline, net::get_associated_executor(self, w->fd.get_executor()));
+    }
+    const bool deadline_passed = ec == net::error::operation_aborted && w->expired;
+    if (ec && !deadline_passed) return done(self, ec);
+    if (w->cancelled || self.get_cancellation_state().cancelled() != net::cancellation_type::none)
       return done(self, net::error::operation_aborted);
     if (static_cast<Derived&>(*this).try_read(self)) return;
     if (w->expired) return done(self, std::make_error_code(std::errc::timed_out));
@@ -150,6 +218,20 @@ struct WaitOp {
     } else {
       self.complete(ec, std::forward<Result>(result)...);
     }
+  }
+  /// Completes a counting wait with what a read gave: its n results when there are any (an
+  /// error that came with them comes again at the next read), else its error; false when it
+  /// gave neither (nothing yet).
+  template <typename Self>
+  bool hand_over(Self& self, std::error_code ec, std::size_t n) {
+    if (n > 0) {
+      done(self, std::error_code{}, n);
+    } else if (ec) {
+      done(self, ec);
+    } else {
+      return false;
+    }
+    return true;
   }
 };
 
@@ -165,14 +247,8 @@ struct ReadOp : WaitOp<ReadOp<Event, Read>> {
   template <typename Self>
   bool try_read(Self& self) {
     std::error_code ec;
-    const std::span<Event> got = read(out, ec);
-    if (ec) {
-      this->done(self, ec);
-      return true;
-    }
-    if (got.empty()) return false;
-    this->done(self, std::error_code{}, got.size());
-    return true;
+    const std::size_t n = read(out, ec).size();
+    return this->hand_over(self, ec, n);
   }
 };
 }  // namespace detail
@@ -198,20 +274,21 @@ class CqWaiter {
   }
   template <typename Token>
   auto async_wait(std::span<Completion> out, Clock::time_point deadline, Token&& token) {
-    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{{w_, deadline}, cq_, out}, token, w_->fd);
+    const auto& w = w_.begin("CqWaiter");
+    return net::async_compose<Token, void(std::error_code, std::size_t)>(Op{{w, deadline}, cq_, out}, token, w->fd);
   }
-  template <typename Token>
-  auto async_wait(std::span<Completion> out, Clock::duration timeout, Token&& token) {
+  template <typename Rep, typename Period, typename Token>
+  auto async_wait(std::span<Completion> out, std::chrono::duration<Rep, Period> timeout, Token&& token) {
     return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
   }
   ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { w_->fd.cancel(); }
+  void cancel() { w_.cancel(); }
   /// The CQ waited on.
   [[nodiscard]] const CompletionQueue& cq() const noexcept { return *cq_; }
 
  private:
-  static std::shared_ptr<detail::Watch> open(const net::any_io_executor& ex, const CompletionQueue& cq) {
+  static detail::WatchHandle open(const net::any_io_executor& ex, const CompletionQueue& cq) {
     if (!cq.has_channel() || cq.shares_channel())
       throw Error(make_error_code(Errc::bad_argument),
                   "verbs::asio::CqWaiter: the CQ needs a completion channel of its own (CqOptions::with_channel); "
@@ -234,18 +311,12 @@ class CqWaiter {
       std::span<Completion> got;
       if (!ec) got = cq->poll(out, ec);
       if (!ec && got.empty()) got = cq->arm_and_poll(out, ec);
-      if (ec) {
-        this->done(self, ec);
-        return true;
-      }
-      if (got.empty()) return false;
-      this->done(self, std::error_code{}, got.size());
-      return true;
+      return this->hand_over(self, ec, got.size());
     }
   };
 
   const CompletionQueue* cq_;
-  std::shared_ptr<detail::Watch> w_;
+  detail::WatchHandle w_;
 };
 
 /// Waits in asio for the events of a CompletionChannel shared by many CQs: one waiter for all
@@ -271,20 +342,21 @@ class ChannelWaiter {
     // get_events() of a const channel: reading does not change what the channel is.
     auto* ch = const_cast<CompletionChannel*>(channel_);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
     auto read = [ch](std::span<CqEvent> o, std::error_code& ec) { return ch->get_events(o, ec); };
+    const auto& w = w_.begin("ChannelWaiter");
     return net::async_compose<Token, void(std::error_code, std::size_t)>(
-        detail::ReadOp<CqEvent, decltype(read)>{w_, deadline, read, out}, token, w_->fd);
+        detail::ReadOp<CqEvent, decltype(read)>{w, deadline, read, out}, token, w->fd);
   }
-  template <typename Token>
-  auto async_wait(std::span<CqEvent> out, Clock::duration timeout, Token&& token) {
+  template <typename Rep, typename Period, typename Token>
+  auto async_wait(std::span<CqEvent> out, std::chrono::duration<Rep, Period> timeout, Token&& token) {
     return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
   }
   ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { w_->fd.cancel(); }
+  void cancel() { w_.cancel(); }
 
  private:
   const CompletionChannel* channel_;
-  std::shared_ptr<detail::Watch> w_;
+  detail::WatchHandle w_;
 };
 
 /// Waits in asio for a cm::Connection to end (the peer disconnected or died, the device went,
@@ -309,15 +381,16 @@ class ConnectionWaiter {
   }
   template <typename Token>
   auto async_wait_closed(Clock::time_point deadline, Token&& token) {
-    return net::async_compose<Token, void(std::error_code)>(Op{{w_, deadline}, conn_}, token, w_->fd);
+    const auto& w = w_.begin("ConnectionWaiter");
+    return net::async_compose<Token, void(std::error_code)>(Op{{w, deadline}, conn_}, token, w->fd);
   }
-  template <typename Token>
-  auto async_wait_closed(Clock::duration timeout, Token&& token) {
+  template <typename Rep, typename Period, typename Token>
+  auto async_wait_closed(std::chrono::duration<Rep, Period> timeout, Token&& token) {
     return async_wait_closed(detail::deadline_in(timeout), std::forward<Token>(token));
   }
   ///@}
   /// Cancels the wait in progress.
-  void cancel() { w_->fd.cancel(); }
+  void cancel() { w_.cancel(); }
 
  private:
   static net::posix::stream_descriptor open(const net::any_io_executor& ex, cm::Connection& conn) {
@@ -351,7 +424,7 @@ class ConnectionWaiter {
   };
 
   cm::Connection* conn_;
-  std::shared_ptr<detail::Watch> w_;
+  detail::WatchHandle w_;
 };
 
 /// Waits in asio for a device's async events (Device::async_fd, Device::poll_async_events):
@@ -374,20 +447,21 @@ class DeviceEventWaiter {
   template <typename Token>
   auto async_wait(std::span<AsyncEvent> out, Clock::time_point deadline, Token&& token) {
     auto read = [d = device_](std::span<AsyncEvent> o, std::error_code& ec) { return d->poll_async_events(o, ec); };
+    const auto& w = w_.begin("DeviceEventWaiter");
     return net::async_compose<Token, void(std::error_code, std::size_t)>(
-        detail::ReadOp<AsyncEvent, decltype(read)>{w_, deadline, read, out}, token, w_->fd);
+        detail::ReadOp<AsyncEvent, decltype(read)>{w, deadline, read, out}, token, w->fd);
   }
-  template <typename Token>
-  auto async_wait(std::span<AsyncEvent> out, Clock::duration timeout, Token&& token) {
+  template <typename Rep, typename Period, typename Token>
+  auto async_wait(std::span<AsyncEvent> out, std::chrono::duration<Rep, Period> timeout, Token&& token) {
     return async_wait(out, detail::deadline_in(timeout), std::forward<Token>(token));
   }
   ///@}
   /// Cancels the wait in progress (it completes with operation_aborted).
-  void cancel() { w_->fd.cancel(); }
+  void cancel() { w_.cancel(); }
 
  private:
   const Device* device_;
-  std::shared_ptr<detail::Watch> w_;
+  detail::WatchHandle w_;
 };
 
 namespace detail {
@@ -405,13 +479,19 @@ struct Stepper {
   std::shared_ptr<State> s;
   std::optional<cm::Connection> done{};
   std::error_code failed{};
-  enum { running, finishing } state = running;
+  enum { start, running, finishing } state = start;
 
   template <typename Self>
   void operator()(Self& self, std::error_code ec = {}) {
+    if (state == start) {  // every step in a handler, on the operation's executor
+      state = running;
+      return net::post(s->w->fd.get_executor(), std::move(self));
+    }
     if (state == finishing) return self.complete(failed, std::move(done));
     if (ec && ec != net::error::operation_aborted) return finish(self, ec);
     if (ec == net::error::operation_aborted && !s->w->expired) return finish(self, ec);  // the caller cancelled
+    if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+      return finish(self, net::error::operation_aborted);  // cancelled while this step was queued
     std::error_code step_ec;
     if (auto c = s->pending.step(step_ec)) {
       done.emplace(std::move(*c));
@@ -419,7 +499,7 @@ struct Stepper {
     }
     if (step_ec) return finish(self, step_ec);
     // At the phase's deadline the timer cancels the fd's wait, and step() then fails with ETIMEDOUT.
-    Watch::arm(s->w, s->pending.deadline());
+    Watch::arm(s->w, s->pending.deadline(), net::get_associated_executor(self, s->w->fd.get_executor()));
     s->w->fd.async_wait(net::posix::descriptor_base::wait_read, std::move(self));
   }
   template <typename Self>
@@ -466,9 +546,9 @@ auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const 
                   Token&& token) {
   return async_accept(ex, listener, options, no_deadline, std::forward<Token>(token));
 }
-template <typename Token>
+template <typename Rep, typename Period, typename Token>
 auto async_accept(const net::any_io_executor& ex, cm::Listener& listener, const cm::ConnectionOptions& options,
-                  Clock::duration timeout, Token&& token) {
+                  std::chrono::duration<Rep, Period> timeout, Token&& token) {
   return async_accept(ex, listener, options, detail::deadline_in(timeout), std::forward<Token>(token));
 }
 ///@}
@@ -484,6 +564,7 @@ struct AcceptOp {
   std::optional<cm::Connection> done{};
   std::error_code failed{};
   enum { starting, waiting, handshake, finishing } state = starting;
+  bool armed = false;
   std::shared_ptr<typename Stepper<cm::PendingAccept>::State> hs{};
 
   template <typename Self>
@@ -493,14 +574,18 @@ struct AcceptOp {
       done = std::move(c);
       return finish(self, ec);
     }
-    if (state == starting) {
+    if (state == starting) {  // from the initiation: every step in a handler, on the operation's executor
       state = waiting;
-      Watch::arm(w, deadline);
-    } else if (ec == net::error::operation_aborted && w->expired) {
-      return finish(self, std::make_error_code(std::errc::timed_out));
-    } else if (ec) {
-      return finish(self, ec);
+      return net::post(w->fd.get_executor(), std::move(self));
     }
+    if (!armed) {
+      armed = true;
+      Watch::arm(w, deadline, net::get_associated_executor(self, w->fd.get_executor()));
+    }
+    // Past the deadline, a request that came meanwhile is still taken (once more below).
+    if (ec && !(ec == net::error::operation_aborted && w->expired)) return finish(self, ec);
+    if (self.get_cancellation_state().cancelled() != net::cancellation_type::none)
+      return finish(self, net::error::operation_aborted);
     try {
       if (auto pending = listener->start_accept(options)) {
         w->disarm();

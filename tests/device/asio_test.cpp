@@ -356,6 +356,94 @@ TEST_F(Asio, ChannelDeviceAndConnectionWaitsEndTimedOutAtTheirDeadline) {
   ASSERT_TRUE(run_until(io, [&] { return done; }));
 }
 
+// A waiter is one fd and one timer: copying it would share them between two waits.
+static_assert(!std::is_copy_constructible_v<verbs::asio::CqWaiter> && std::is_nothrow_move_constructible_v<verbs::asio::CqWaiter>);
+static_assert(!std::is_copy_assignable_v<verbs::asio::ChannelWaiter> && std::is_move_assignable_v<verbs::asio::ChannelWaiter>);
+static_assert(!std::is_copy_constructible_v<verbs::asio::ConnectionWaiter>);
+static_assert(!std::is_copy_constructible_v<verbs::asio::DeviceEventWaiter>);
+
+// Every way to end a wait ends it, whether it sleeps on the fd or its first step is still
+// queued: cancel() at once, the slot with a deadline set (cancelled, not timed out), the waiter
+// destroyed (the operation holds the fd, which would otherwise sleep on); a timeout too long for
+// the clock is no deadline, not one in the past; and an expiry from a wait that has ended does
+// not end the next.
+TEST_F(Asio, EveryWayToEndAWaitEndsItAndHugeTimeoutsAreNone) {
+  QpPair p(*dev, *pd, {.access = all_access}, QpPair::fast(), {.depth = 64, .with_channel = true});
+  std::array<Completion, 4> wcs;
+  using Result = std::optional<std::pair<std::error_code, std::size_t>>;
+  const auto keep = [](Result& r) { return [&r](std::error_code ec, std::size_t n) { r.emplace(ec, n); }; };
+  {  // cancel() right after the initiation
+    verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+    Result r;
+    waiter.async_wait(wcs, keep(r));
+    waiter.cancel();
+    ASSERT_TRUE(run_until(io, [&] { return r.has_value(); })) << "cancel() before the wait slept was lost";
+    EXPECT_EQ(r->first, asio::error::operation_aborted) << r->first.message();
+  }
+  {  // the slot, with a deadline set: cancelled, not timed out
+    verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+    Result r;
+    asio::cancellation_signal cancel;
+    waiter.async_wait(wcs, 10s, asio::bind_cancellation_slot(cancel.slot(), keep(r)));
+    io.run_for(100ms);
+    cancel.emit(asio::cancellation_type::terminal);
+    ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+    EXPECT_EQ(r->first, asio::error::operation_aborted) << r->first.message();
+  }
+  {  // the waiter destroyed while its wait sleeps, and while its first step is queued
+    Result sleeping, queued;
+    {
+      verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+      waiter.async_wait(wcs, keep(sleeping));
+      io.run_for(100ms);
+    }
+    ASSERT_TRUE(run_until(io, [&] { return sleeping.has_value(); })) << "a wait outlived its waiter";
+    EXPECT_EQ(sleeping->first, asio::error::operation_aborted);
+    {
+      verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+      waiter.async_wait(wcs, keep(queued));
+    }
+    ASSERT_TRUE(run_until(io, [&] { return queued.has_value(); }));
+    EXPECT_EQ(queued->first, asio::error::operation_aborted);
+    io.restart();
+    EXPECT_EQ(io.run_for(1s), 0u) << "work left behind: a destroyed waiter's operation is still pending";
+  }
+  verbs::asio::CqWaiter waiter(io.get_executor(), p.cq_a);
+  for (const auto timeout : {std::chrono::nanoseconds::max(), std::chrono::duration_cast<std::chrono::nanoseconds>(24h)}) {
+    Result r;
+    asio::steady_timer later(io, 200ms);
+    later.async_wait([&](std::error_code) { (void)p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 1}); });
+    waiter.async_wait(wcs, timeout, keep(r));
+    ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+    EXPECT_FALSE(r->first) << r->first.message();
+    EXPECT_EQ(r->second, 1u);
+  }
+  const auto huge_is_none = [&](auto huge) {  // more than nanoseconds hold
+    Result r;
+    asio::steady_timer later(io, 200ms);
+    later.async_wait([&](std::error_code) { (void)p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 2}); });
+    waiter.async_wait(wcs, huge, keep(r));
+    ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+    EXPECT_FALSE(r->first) << "a timeout of " << huge.count() << " units timed out: " << r->first.message();
+  };
+  huge_is_none(std::chrono::seconds::max());
+  huge_is_none(std::chrono::hours::max() / 2);
+  {  // a past deadline with a completion ready, then a wait whose completion comes 300 ms later
+    ASSERT_TRUE(p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 3}).ok());
+    std::this_thread::sleep_for(100ms);
+    Result first, second;
+    waiter.async_wait(wcs, std::chrono::steady_clock::now() - 1s, keep(first));
+    ASSERT_TRUE(run_until(io, [&] { return first.has_value(); }));
+    EXPECT_EQ(first->second, 1u);
+    asio::steady_timer later(io, 300ms);
+    later.async_wait([&](std::error_code) { (void)p.a.post_write(src->slice(0, 8), dst->remote(), {.wr_id = 4}); });
+    waiter.async_wait(wcs, 10s, keep(second));
+    ASSERT_TRUE(run_until(io, [&] { return second.has_value(); }));
+    EXPECT_FALSE(second->first) << "the first wait's expiry ended the second: " << second->first.message();
+    EXPECT_EQ(second->second, 1u);
+  }
+}
+
 // async_accept with a deadline and no client ends timed_out, consuming nothing: the request of a
 // client that comes later is the next accept's.
 TEST_F(Asio, AsyncAcceptWithADeadlineEndsTimedOutAndTheNextAcceptTakesTheLaterClient) {
