@@ -35,6 +35,7 @@ constexpr int exit_ok = 0, exit_problems = 1, exit_no_device = 2, exit_usage = 6
 
 constexpr const char* usage_text =
     "Usage: verbs-info [--json] [--check] [--peer HOST] [-d DEVICE]\n"
+    "       verbs-info --topology [--near PLACE] [--json] [-d DEVICE]\n"
     "\n"
     "Lists the RDMA devices, their ports (state, MTU, link layer, speed, netdev), GID tables,\n"
     "the GID the verbs library would choose and why, and the device limits; then how long a\n"
@@ -43,14 +44,20 @@ constexpr const char* usage_text =
     "  --check        diagnose the setup instead: each problem with what to do about it\n"
     "  --peer HOST    with --check (implied), compare this host's MTU with HOST's (IPv4) by ICMP\n"
     "                 echo: the reply to a 9000-byte echo comes back in fragments of HOST's MTU\n"
-    "  --json         the same as JSON on stdout (devices, checks, healthy, defaults)\n"
+    "  --topology     where each device sits instead, from sysfs alone (nothing is opened): PCI\n"
+    "                 address and the bridges above it, NUMA node, netdevs, ports and rates\n"
+    "  --near PLACE   with --topology (implied), the devices nearest to PLACE first: a PCI\n"
+    "                 address (a GPU's bus id, 0000:3b:00.0), numa:N or cpu:N\n"
+    "  --json         the same as JSON on stdout (devices, checks, healthy, defaults; with\n"
+    "                 --topology: numa_nodes, devices, near)\n"
     "  -d DEVICE      only this device\n"
     "  -h, --help     this text\n"
     "\n"
     "Exit status: 0 fine; 1 --check found a problem; 2 no RDMA device (or none named DEVICE);\n"
     "64 bad usage.\n"
     "Environment: VERBS_INFO_SYSROOT prefixes the /sys and /dev paths verbs-info reads itself\n"
-    "(netdevs, the rdma_cm module and device node); libibverbs always reads the real ones.\n";
+    "(netdevs, the rdma_cm module and device node; all of --topology); libibverbs always reads\n"
+    "the real ones.\n";
 
 // ---- files under the (overridable) system root ------------------------------------------------
 
@@ -756,6 +763,15 @@ class Json {
     first_ = false;
     return *this;
   }
+  // An element of an array.
+  template <typename T>
+  Json& value(const T& v) {
+    comma();
+    if constexpr (std::is_arithmetic_v<T>) out_ << +v;
+    else string(v);
+    first_ = false;
+    return *this;
+  }
   Json& open(char c) { comma(); out_ << c; first_ = true; return *this; }
   Json& close(char c) { out_ << c; first_ = false; return *this; }
 
@@ -845,20 +861,122 @@ std::string print_json(const std::vector<DeviceReport>& devices, const std::vect
   return j.str();
 }
 
+// ---- --topology: where each device sits, and a ranking by closeness -----------------------------
+
+// The text form: each device's PCI place, NUMA node, netdevs and ports; then the ranking.
+void print_topology_text(const verbs::Topology& t, const std::string& only,
+                         const std::vector<verbs::RankedDevice>* ranked, std::string_view near) {
+  std::printf("NUMA nodes: %zu\n", t.numa_nodes().size());
+  for (const verbs::DeviceTopology& d : t.devices()) {
+    if (!only.empty() && d.name != only) continue;
+    std::printf("%s\n", d.name.c_str());
+    if (d.pci) {
+      std::string path = d.host_bridge;
+      for (const auto& b : d.bridges) path += " > " + b.to_string();
+      std::printf("  pci %s%s, below %s\n", d.pci->to_string().c_str(), d.pci_from_netdev ? " (its netdev's)" : "",
+                  path.c_str());
+    } else {
+      std::printf("  pci none (a soft device on a virtual netdev)\n");
+    }
+    std::printf("  numa node %d%s\n", d.numa_node, d.numa_node < 0 ? " (the kernel does not know)" : "");
+    std::string nets;
+    for (const auto& n : d.netdevs) nets += (nets.empty() ? "" : ", ") + n;
+    std::printf("  netdevs %s\n", nets.empty() ? "none" : nets.c_str());
+    for (const auto& p : d.ports)
+      std::printf("  port %u %s, %s, %s%s%s\n", p.port, p.state.c_str(), p.link_layer.c_str(),
+                  p.rate.empty() ? "rate unknown" : p.rate.c_str(), p.netdev.empty() ? "" : ", netdev ",
+                  p.netdev.c_str());
+  }
+  if (ranked == nullptr) return;
+  std::printf("\nnearest to %.*s first:\n", static_cast<int>(near.size()), near.data());
+  int i = 0;
+  for (const auto& r : *ranked) {
+    const std::string hops = r.pci_hops < 0 ? std::string("-") : std::to_string(r.pci_hops);
+    std::printf("  %d. %-10s %-17s PCI hops %-3s %6.1f Gb/s %s\n", ++i, r.device->name.c_str(),
+                std::string(to_string(r.proximity)).c_str(), hops.c_str(), r.device->rate_gbps(),
+                r.device->active() ? "active" : "no active port");
+  }
+}
+
+std::string print_topology_json(const verbs::Topology& t, const std::string& only,
+                                const std::vector<verbs::RankedDevice>* ranked, std::string_view near) {
+  Json j;
+  j.open('{').key("numa_nodes").open('[');
+  for (int n : t.numa_nodes()) j.value(n);
+  j.close(']').key("devices").open('[');
+  for (const verbs::DeviceTopology& d : t.devices()) {
+    if (!only.empty() && d.name != only) continue;
+    j.open('{').field("name", d.name).key("pci");
+    if (d.pci) j.value(d.pci->to_string()); else j.raw("null");
+    j.field("pci_from_netdev", d.pci_from_netdev).field("host_bridge", d.host_bridge).key("bridges").open('[');
+    for (const auto& b : d.bridges) j.value(b.to_string());
+    j.close(']').field("numa_node", d.numa_node).key("netdevs").open('[');
+    for (const auto& n : d.netdevs) j.value(n);
+    j.close(']').field("rate_gbps", d.rate_gbps()).field("active", d.active()).key("ports").open('[');
+    for (const auto& p : d.ports) {
+      j.open('{').field("port", p.port).field("state", p.state).field("active", p.active);
+      j.field("link_layer", p.link_layer).field("rate", p.rate).field("rate_gbps", p.rate_gbps);
+      j.field("netdev", p.netdev).close('}');
+    }
+    j.close(']').close('}');
+  }
+  j.close(']');
+  if (ranked != nullptr) {
+    j.key("near").open('{').field("place", near).key("ranking").open('[');
+    for (const auto& r : *ranked) {
+      j.open('{').field("name", r.device->name).field("proximity", to_string(r.proximity));
+      j.field("pci_hops", r.pci_hops).close('}');
+    }
+    j.close(']').close('}');
+  }
+  j.close('}');
+  return j.str();
+}
+
+// verbs-info --topology [--near PLACE] [--json] [-d DEVICE]: sysfs only, no device is opened.
+int topology_main(bool json, const std::string& only, const std::string& near) {
+  const std::string root = sysroot().empty() ? std::string("/") : sysroot();
+  const verbs::Topology t = verbs::Topology::read(root);
+  if (!only.empty() && t.find(only) == nullptr) {
+    std::fprintf(stderr, "verbs-info: no RDMA device '%s' in %s/sys/class/infiniband\n", only.c_str(),
+                 sysroot().c_str());
+    return exit_no_device;
+  }
+  std::optional<std::vector<verbs::RankedDevice>> ranked;
+  if (!near.empty()) {
+    try {
+      ranked = t.rank(verbs::Place::parse(near));
+    } catch (const verbs::Error& e) {
+      std::fprintf(stderr, "verbs-info: --near: %s\n", e.context().c_str());
+      return exit_usage;
+    }
+  }
+  if (json) std::printf("%s\n", print_topology_json(t, only, ranked ? &*ranked : nullptr, near).c_str());
+  else print_topology_text(t, only, ranked ? &*ranked : nullptr, near);
+  return t.devices().empty() ? exit_no_device : exit_ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool json = false, check = false;
-  std::string only, peer;
+  bool json = false, check = false, topology = false;
+  std::string only, peer, near;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--check") check = true;
     else if ((a == "-d" || a == "--device") && i + 1 < argc) only = argv[++i];
     else if (a == "--peer" && i + 1 < argc) { peer = argv[++i]; check = true; }
+    else if (a == "--topology") topology = true;
+    else if (a == "--near" && i + 1 < argc) { near = argv[++i]; topology = true; }
     else if (a == "-h" || a == "--help") { std::fputs(usage_text, stdout); return exit_ok; }
     else { std::fprintf(stderr, "verbs-info: unknown argument '%s'\n%s", argv[i], usage_text); return exit_usage; }
   }
+  if (topology && check) {
+    std::fprintf(stderr, "verbs-info: --topology and --check do not go together\n%s", usage_text);
+    return exit_usage;
+  }
+  if (topology) return topology_main(json, only, near);
 
   const std::vector<verbs::DeviceInfo> present = verbs::list_devices();
   std::vector<DeviceReport> devices;

@@ -141,6 +141,7 @@ ForkSafety fork_init(SourceLocation where = SourceLocation::current());
 
 class QueuePair;
 class SharedReceiveQueue;
+struct DeviceTopology;
 class CompletionQueue;
 namespace detail {
 class AsyncHub;
@@ -278,6 +279,11 @@ class Device {
   /// per context and port and checked with one ibv_query_gid_ex, so QPs and AHs do not rescan
   /// the table. Throws Error(Errc::no_device) when the port has no usable GID.
   [[nodiscard]] GidChoice choose_gid(std::uint8_t port_num = 1) const;
+
+  /// Where the device sits (verbs/topology.hpp): its PCI address and bridges, NUMA node,
+  /// netdevs, ports and their rates, read from /sys now. Include verbs/topology.hpp to call it.
+  /// Throws Error(Errc::no_device) when sysfs does not list the device.
+  [[nodiscard]] DeviceTopology topology(SourceLocation where = SourceLocation::current()) const;
 
   /// @name Async events (ibv_get_async_event(3))
   /// Each device context has one reader of its async events in the process: every Device on the

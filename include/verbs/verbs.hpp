@@ -16,4 +16,5 @@
 #include "verbs/protection_domain.hpp"   // IWYU pragma: export
 #include "verbs/queue_pair.hpp"          // IWYU pragma: export
 #include "verbs/shared_receive_queue.hpp"  // IWYU pragma: export
+#include "verbs/topology.hpp"            // IWYU pragma: export
 #include "verbs/work_request.hpp"        // IWYU pragma: export

@@ -2,6 +2,9 @@
 # Tests of verbs-info. Usage: verbs_info_test.sh CASE VERBS_INFO   (exit 77: skipped)
 #   host_no_device  without a device: exit 2 and advice that names `rdma link add`
 #   host_json       --json is valid JSON (devices, checks, healthy), also without a device
+#   host_topology   --topology on a fake GPU server (VERBS_INFO_SYSROOT): its text, the ranking
+#                   near a GPU and a NUMA node (--json), and what it refuses
+#   topology        --topology --json for the test device (rxe: its PCI function is its netdev's)
 #   host_defaults   the defaults line (text and --json, with or without a device) gives the
 #                   failure bound of TransportOptions{}, recomputed here from the specification,
 #                   and the guide's "Defaults that never hang" paragraph (README.md, docs/*.md:
@@ -162,6 +165,93 @@ for figure in (text(want["transport"]), text(want["rnr"]), text(want["total"])):
       "defaults: a request fails within"; do
       expect "$s"
     done
+    ;;
+  host_topology)
+    # --topology on the fake GPU server of the Topology host tests (tests/host/topology), built
+    # under VERBS_INFO_SYSROOT: what it prints, the ranking near a GPU, and the refusals.
+    command -v "$python" >/dev/null || skip "no python3 to build the fake tree"
+    top=$(cd "$(dirname "$0")/../.." && pwd)
+    root=$(mktemp -d) || fail "mktemp"
+    trap 'rm -rf "$root"' EXIT
+    "$python" - "$top/tests/host/topology/gpu_server.tree" "$root" <<'PY' || fail "the fake tree could not be built"
+import os, re, sys
+tree, root = sys.argv[1], sys.argv[2]
+var = {}
+for line in open(tree):
+    if not line.strip() or line.lstrip().startswith("#"):
+        continue
+    line = re.sub(r"\$\{(\w+)\}", lambda m: var[m.group(1)], line.rstrip("\n"))
+    words = line.split(None, 2)
+    if not words or words[0].startswith("#"):
+        continue
+    op, path, rest = words[0], words[1], words[2] if len(words) > 2 else ""
+    full = os.path.join(root, path)
+    if op == "set": var[path] = rest
+    elif op == "dir": os.makedirs(full, exist_ok=True)
+    elif op == "file":
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        open(full, "w").write(rest + "\n")
+    elif op == "link":
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        os.symlink(rest, full)
+    elif op == "pci":
+        dev = os.path.join(root, "sys/devices", path)
+        os.makedirs(dev, exist_ok=True)
+        open(os.path.join(dev, "numa_node"), "w").write(rest + "\n")
+        os.makedirs(os.path.join(root, "sys/bus/pci/devices"), exist_ok=True)
+        os.symlink("../../../devices/" + path, os.path.join(root, "sys/bus/pci/devices", os.path.basename(path)))
+    else: sys.exit("bad line: " + line)
+PY
+    export VERBS_INFO_SYSROOT=$root
+    run --topology --near 0000:03:00.0
+    expect_rc 0
+    expect "NUMA nodes: 2"
+    expect "  pci 0000:05:00.0, below pci0000:00 > 0000:00:01.1 > 0000:01:00.0 > 0000:02:02.0"
+    expect "  port 1 ACTIVE, InfiniBand, 200 Gb/sec (4X HDR)"
+    expect "  port 1 DOWN, Ethernet, 100 Gb/sec (4X EDR), netdev ens5np0"
+    expect "nearest to 0000:03:00.0 first:"
+    grep -qE '^  1\. mlx5_0 +same switch +PCI hops 4 ' <<<"$out" || fail "mlx5_0 is not first, below GPU 0's switch"
+    json=$("$info" --topology --json --near numa:1 -d mlx5_2)
+    rc=$?
+    printf '%s\n' "$json"
+    expect_rc 0
+    "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["numa_nodes"] == [0, 1], d["numa_nodes"]
+assert [x["name"] for x in d["devices"]] == ["mlx5_2"], "-d keeps one device"
+x = d["devices"][0]
+assert x["pci"] == "0000:85:00.0" and x["numa_node"] == 1 and x["host_bridge"] == "pci0000:80", x
+assert x["bridges"] == ["0000:80:01.1", "0000:81:00.0", "0000:82:02.0"] and x["netdevs"] == ["ibp133s0"], x
+assert x["ports"][0]["rate_gbps"] == 200 and x["active"], x
+r = d["near"]["ranking"]
+assert d["near"]["place"] == "numa:1" and [e["name"] for e in r] == ["mlx5_2", "mlx5_3", "mlx5_0", "mlx5_1", "mlx5_4"], r
+assert r[0]["proximity"] == "same NUMA node" and r[2]["proximity"] == "other NUMA node", r
+print("JSON ok")' <<<"$json" || fail "the --topology JSON is not what was expected"
+    run --topology --near gpu:0
+    expect_rc 64
+    expect "numa:N or cpu:N"
+    run --topology -d mlx5_9
+    expect_rc 2
+    expect "no RDMA device 'mlx5_9'"
+    run --topology --check
+    expect_rc 64
+    ;;
+  topology)
+    # The device's place as sysfs shows it in the VM: rxe is virtual, its PCI function its netdev's.
+    need_device
+    json=$("$info" --topology --json -d "$device" --near cpu:0)
+    rc=$?
+    printf '%s\n' "$json"
+    expect_rc 0
+    "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+x = d["devices"][0]
+assert x["name"] == sys.argv[1] and x["netdevs"] and x["ports"] and x["ports"][0]["state"] == "ACTIVE", x
+assert x["pci"] is None or x["pci_from_netdev"] == x["name"].startswith("rxe"), x
+assert sys.argv[1] in [e["name"] for e in d["near"]["ranking"]]
+print("JSON ok")' "$device" <<<"$json" || fail "the --topology JSON is not what was expected"
     ;;
   json)
     need_device
