@@ -83,6 +83,16 @@ foreach(case host_killed server_survives connect_down_host)
            COMMAND ${verbs_twohost_run} -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh ${case} $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)
 endforeach()
 
+# verbs::rails over both wires of the shared pair (tests/twohost/rails.sh): a striped transfer
+# with every byte checked; one wire cut mid-transfer and back; both wires cut.
+add_executable(rails_peer ${CMAKE_CURRENT_LIST_DIR}/rails_peer.cpp)
+target_link_libraries(rails_peer PRIVATE verbs::verbs verbs_warnings)
+foreach(case stripe cut_one cut_both)
+  list(APPEND verbs_twohost_shared_tests twohost.rails.${case})
+  add_test(NAME twohost.rails.${case}
+           COMMAND ${verbs_twohost_shared} -- ${CMAKE_CURRENT_LIST_DIR}/rails.sh ${case} $<TARGET_FILE:rails_peer>)
+endforeach()
+
 # The hosts' MTUs differ: host a's eth0 at 9000 (RDMA MTU 4096), host b's at 1500 (1024).
 add_test(NAME twohost.fault.mtu_mismatch
          COMMAND ${verbs_twohost_run} --mtu-a 9000 -- ${CMAKE_CURRENT_LIST_DIR}/faults.sh mtu_mismatch $<TARGET_FILE:wire_peer> $<TARGET_FILE:verbs-info>)

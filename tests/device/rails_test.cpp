@@ -1,0 +1,266 @@
+// verbs::rails on one host: a Target (on its own thread) and a Group whose rails all lead to it
+// over the test address. What one host can show: striping over every QP with every byte checked,
+// a rail taken out mid-transfer and back, every rail gone, the refusals. A wire that is cut is
+// the two-host suite's (twohost.rails.*).
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <verbs/rails.hpp>
+
+#include "cm_fixture.hpp"
+
+namespace verbs::test {
+namespace {
+
+using rails::Group;
+using rails::GroupOptions;
+using rails::RailState;
+using rails::Target;
+
+// A Target served by a thread of its own until destroyed.
+class ServedTarget {
+ public:
+  ServedTarget(std::span<std::byte> buffer, AccessFlags access = Access::remote_write | Access::remote_read)
+      : target_(rails::TargetOptions{.addresses = {test_addr()}}, buffer, access) {
+    thread_ = std::thread([this] {
+      while (!stop_) target_.run_for(20ms);
+    });
+  }
+  ServedTarget(const ServedTarget&) = delete;
+  ServedTarget& operator=(const ServedTarget&) = delete;
+  ~ServedTarget() {
+    stop_ = true;
+    thread_.join();
+  }
+  [[nodiscard]] std::uint16_t port() const { return port_; }
+
+ private:
+  Target target_;
+  std::uint16_t port_ = target_.port();
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+GroupOptions options_for(std::uint16_t port, std::size_t rails_n, int qps) {
+  GroupOptions o;
+  for (std::size_t i = 0; i < rails_n; ++i) o.rails.push_back({test_addr(), test_addr()});
+  o.port = port;
+  o.qps_per_rail = qps;
+  o.chunk_size = 64 * 1024;
+  o.max_in_flight = 2;
+  o.transport.ack_timeout = 14;
+  o.transport.retry_count = 3;
+  o.reconnect_interval = 200ms;
+  return o;
+}
+
+// Waits for `id`, failing the test (not hanging) after `timeout`.
+rails::Completion finish(Group& g, std::uint64_t id, std::chrono::milliseconds timeout = 60s) {
+  auto c = g.wait(id, timeout);
+  if (!c) {
+    ADD_FAILURE() << "transfer " << id << " did not finish within " << timeout.count() << " ms";
+    return {};
+  }
+  return *c;
+}
+
+class Rails : public CmFixture {};
+
+TEST_F(Rails, AStripedWriteAndReadOverTwoRailsOfFourQpsMoveEveryByte) {
+  constexpr std::size_t size = 4 << 20;
+  std::vector<std::byte> remote(size), local(size), back(size);
+  fill_pattern(local, 7);
+  ServedTarget target(remote);
+  Group g = Group::connect(options_for(target.port(), 2, 4), 30s);
+  EXPECT_EQ(g.live_rails(), 2u);
+  EXPECT_EQ(g.device_count(), 1u);  // both rails on the one device: one PD, one registration
+  EXPECT_EQ(g.remote_size(), size);
+  const rails::Region src = g.register_memory(local);
+  const rails::Region dst = g.register_memory(back);
+  const auto w = finish(g, g.write(src, 0, 0, size));
+  EXPECT_TRUE(w.ok()) << w.what;
+  EXPECT_TRUE(same_bytes(remote, local));
+  // Back, at an offset, a length that is no multiple of the chunk.
+  const std::uint64_t off = 4096 + 3, len = size - 3 * 65536 - 5;
+  const auto r = finish(g, g.read(dst, off, off, len));
+  EXPECT_TRUE(r.ok()) << r.what;
+  EXPECT_TRUE(same_bytes(std::span(back).subspan(off, len), std::span(local).subspan(off, len)));
+  EXPECT_TRUE(all_bytes(std::span(back).first(off), std::byte{0}));
+  EXPECT_TRUE(g.poll_rail_events().empty());
+  // Both rails carried chunks: 64 of the write's and 61 of the read's 64 KiB chunks between them.
+  const auto r0 = g.rail_counters(0), r1 = g.rail_counters(1);
+  EXPECT_EQ(r0.chunks + r1.chunks, 64u + 61u);
+  EXPECT_GE(r0.chunks, 20u);
+  EXPECT_GE(r1.chunks, 20u);
+  EXPECT_EQ(r0.chunks_failed + r1.chunks_failed, 0u);
+}
+
+TEST_F(Rails, ManyTransfersAtOnceEachEndOnceInPoll) {
+  constexpr std::size_t size = 1 << 20, n = 16;
+  std::vector<std::byte> remote(size), local(size);
+  fill_pattern(local, 3);
+  ServedTarget target(remote);
+  Group g = Group::connect(options_for(target.port(), 2, 2), 30s);
+  const rails::Region src = g.register_memory(local);
+  std::vector<std::uint64_t> ids;
+  for (std::size_t i = 0; i < n; ++i) ids.push_back(g.write(src, i * (size / n), i * (size / n), size / n));
+  std::vector<rails::Completion> got;
+  std::array<rails::Completion, 4> out;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (got.size() < n && std::chrono::steady_clock::now() < deadline)
+    for (auto& c : g.poll(out)) got.push_back(std::move(c));
+  ASSERT_EQ(got.size(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(got[i].ok()) << got[i].what;
+    EXPECT_NE(std::find(ids.begin(), ids.end(), got[i].id), ids.end());
+  }
+  EXPECT_TRUE(same_bytes(remote, local));
+  EXPECT_THROW((void)g.wait(ids[0], 1ms), Error);  // taken already: not in progress
+}
+
+TEST_F(Rails, ARailTakenDownMidTransferEndsOnTheOtherAndComesBack) {
+  constexpr std::size_t size = 8 << 20;
+  std::vector<std::byte> remote(size), local(size);
+  fill_pattern(local, 11);
+  ServedTarget target(remote);
+  Group g = Group::connect(options_for(target.port(), 2, 2), 30s);
+  const rails::Region src = g.register_memory(local);
+  const std::uint64_t id = g.write(src, 0, 0, size);
+  g.take_down(1);
+  EXPECT_EQ(g.rail_state(1), RailState::down);
+  const auto c = finish(g, id);
+  EXPECT_TRUE(c.ok()) << c.what;
+  EXPECT_TRUE(same_bytes(remote, local));
+  // 128 chunks done once each. (What rail 1 had posted has mostly completed by the time it is
+  // taken down: rxe runs a loopback write inside the post call. Its flushed chunks going again
+  // elsewhere is what twohost.rails.cut_one shows, and RailsSchedule on the host.)
+  EXPECT_EQ(g.rail_counters(0).chunks + g.rail_counters(1).chunks, 128u);
+  EXPECT_EQ(g.rail_counters(1).failures, 1u);
+  std::vector<rails::RailEvent> events;
+  const auto take_events = [&] {
+    for (const auto& e : g.poll_rail_events()) events.push_back(e);
+  };
+  take_events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].rail, 1u);
+  EXPECT_FALSE(events[0].up);
+  EXPECT_EQ(events[0].error, std::errc::operation_canceled);
+  EXPECT_NE(events[0].what.find("taken down by the caller"), std::string::npos) << events[0].what;
+  // It comes back after reconnect_interval (maybe while the write above was finishing), and
+  // carries chunks again.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (g.rail_state(1) != RailState::up && std::chrono::steady_clock::now() < deadline) {
+    (void)g.wait(g.write(src, 0, 0, 4096), 1s);
+    take_events();
+  }
+  EXPECT_EQ(g.rail_state(1), RailState::up);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].rail, 1u);
+  EXPECT_TRUE(events[1].up);
+  EXPECT_EQ(g.rail_counters(1).reconnects, 1u);
+  const auto carried = g.rail_counters(1).chunks;
+  EXPECT_EQ(g.live_rails(), 2u);
+  std::memset(remote.data(), 0, size);
+  const auto again = finish(g, g.write(src, 0, 0, size));
+  EXPECT_TRUE(again.ok()) << again.what;
+  EXPECT_TRUE(same_bytes(remote, local));
+  EXPECT_GE(g.rail_counters(1).chunks - carried, 20u);  // back in the stripe
+}
+
+TEST_F(Rails, WhenTheTargetGoesATransferFailsSayingEveryRailIsDown) {
+  constexpr std::size_t size = 32 << 20;  // still in flight when the target goes
+  std::vector<std::byte> remote(size), local(size);
+  std::optional<ServedTarget> target(std::in_place, remote);
+  Group g = Group::connect(options_for(target->port(), 2, 2), 30s);
+  const rails::Region src = g.register_memory(local);
+  const std::uint64_t id = g.write(src, 0, 0, size);
+  g.progress();
+  target.reset();  // its connections go: each QP's DISCONNECTED, or its next request's failure
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto c = finish(g, id, g.failure_bound() * 2 + 20s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_FALSE(c.ok());
+  EXPECT_EQ(c.error, std::errc::network_down);
+  EXPECT_NE(c.what.find("every rail is down"), std::string::npos) << c.what;
+  EXPECT_LT(took, g.failure_bound() * 2 + 10s);
+  EXPECT_EQ(g.live_rails(), 0u);
+  // A transfer started now fails at once, the same way.
+  const auto late = finish(g, g.write(src, 0, 0, 4096), 5s);
+  EXPECT_EQ(late.error, std::errc::network_down);
+}
+
+TEST_F(Rails, AReadTheTargetDoesNotAllowFailsWithItsStatusNotAFailover) {
+  std::vector<std::byte> remote(1 << 20), local(1 << 20);
+  fill_pattern(local, 5);
+  ServedTarget target(remote, Access::remote_write);  // writes only
+  Group g = Group::connect(options_for(target.port(), 2, 1), 30s);
+  const rails::Region buf = g.register_memory(local);
+  const auto r = finish(g, g.read(buf, 0, 0, 1 << 20));
+  EXPECT_FALSE(r.ok());
+  // The target's QP does not grant reads: REM_INV_REQ_ERR on rxe, REM_ACCESS_ERR elsewhere.
+  EXPECT_TRUE(r.error == WcStatus::rem_inv_req_err || r.error == WcStatus::rem_access_err) << r.error << " " << r.what;
+  EXPECT_NE(r.what.find("refused"), std::string::npos) << r.what;
+  // The rails whose QPs met it went down (their QPs are in ERR) and come back: then a write works.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (g.live_rails() < 2 && std::chrono::steady_clock::now() < deadline) {
+    g.progress();
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(g.live_rails(), 2u);
+  const auto w = finish(g, g.write(buf, 0, 0, 1 << 20));
+  EXPECT_TRUE(w.ok()) << w.what;
+  EXPECT_TRUE(same_bytes(remote, local));
+}
+
+TEST_F(Rails, WhatCannotBeDoneIsRefusedSayingWhy) {
+  std::vector<std::byte> remote(1 << 20), local(1 << 20);
+  ServedTarget target(remote);
+  auto o = options_for(target.port(), 1, 1);
+  o.max_transfers = 2;
+  Group g = Group::connect(o, 30s);
+  const rails::Region src = g.register_memory(local);
+  EXPECT_EQ(thrown_by<Error>([&] { (void)g.write(src, 0, 1, 1 << 20); })->code(), Errc::remote_out_of_bounds);
+  EXPECT_EQ(thrown_by<Error>([&] { (void)g.write(src, 1, 0, 1 << 20); })->code(), Errc::local_out_of_bounds);
+  EXPECT_EQ(thrown_by<Error>([&] { (void)g.wait(12345, 1ms); })->code(), Errc::bad_argument);
+  EXPECT_EQ(thrown_by<Error>([&] { g.take_down(1); })->code(), Errc::bad_argument);
+  (void)g.write(src, 0, 0, 1 << 20);
+  (void)g.write(src, 0, 0, 1 << 20);
+  const auto full = thrown_by<Error>([&] { (void)g.write(src, 0, 0, 4096); });
+  ASSERT_TRUE(full);
+  EXPECT_EQ(full->code(), std::errc::resource_unavailable_try_again);
+  EXPECT_NE(std::string(full->what()).find("max_transfers"), std::string::npos) << full->what();
+  Group other = Group::connect(options_for(target.port(), 1, 1), 30s);
+  EXPECT_EQ(thrown_by<Error>([&] { (void)other.write(src, 0, 0, 4096); })->code(), Errc::bad_argument);
+  // Options out of range, each named.
+  const auto refused = [&](auto change, const char* field) {
+    auto bad = options_for(target.port(), 1, 1);
+    change(bad);
+    const auto e = thrown_by<Error>([&] { (void)Group::connect(bad, 5s); });
+    ASSERT_TRUE(e) << field;
+    EXPECT_EQ(e->code(), Errc::bad_argument) << field;
+    EXPECT_NE(std::string(e->what()).find(field), std::string::npos) << e->what();
+  };
+  refused([](GroupOptions& b) { b.qps_per_rail = 0; }, "qps_per_rail");
+  refused([](GroupOptions& b) { b.rails.clear(); }, "rails");
+  refused([](GroupOptions& b) { b.chunk_size = 100; }, "chunk_size");
+  refused([](GroupOptions& b) { b.port = 0; }, "port");
+  refused([](GroupOptions& b) { b.transport.retry_count = 7; }, "retry_count 7");
+}
+
+TEST_F(Rails, ConnectingToNoTargetFailsNamingEveryRail) {
+  std::uint16_t port = 0;
+  {
+    std::vector<std::byte> remote(4096);
+    Target t(rails::TargetOptions{.addresses = {test_addr()}}, remote, Access::remote_write);
+    port = t.port();
+  }
+  const auto e = connect_error([&] { (void)Group::connect(options_for(port, 2, 1), 5s); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code(), std::errc::connection_refused);
+  EXPECT_NE(std::string(e->what()).find("rail 0 ("), std::string::npos) << e->what();
+  EXPECT_NE(std::string(e->what()).find("rail 1 ("), std::string::npos) << e->what();
+}
+
+}  // namespace
+}  // namespace verbs::test
