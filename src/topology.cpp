@@ -107,13 +107,15 @@ Topology::PciPath pci_path_of(const fs::path& entry) {
   for (const auto& part : real) {
     walked /= part;
     const std::string name = part.string();
-    if (!in_pci) {
-      if (name.size() >= 10 && name.rfind("pci", 0) == 0 && parse_bdf(name.substr(3) + ":00.0", false)) {
-        out.host_bridge = name;
-        in_pci = true;
-      }
+    // A host bridge (pciDDDD:BB) starts the chain; one nested below a function (Intel VMD's
+    // pci10000:e0 under its controller) starts it again: the device sits below that one.
+    if (name.size() >= 10 && name.rfind("pci", 0) == 0 && parse_bdf(name.substr(3) + ":00.0", false)) {
+      out.host_bridge = name;
+      out.chain.clear();
+      in_pci = true;
       continue;
     }
+    if (!in_pci) continue;
     const auto a = parse_bdf(name, false);
     if (!a) break;
     out.chain.push_back(*a);
@@ -191,7 +193,7 @@ std::optional<PciAddress> PciAddress::parse(std::string_view text, std::error_co
 
 std::string PciAddress::to_string() const {
   char buf[32];
-  std::snprintf(buf, sizeof buf, domain > 0xffff ? "%08x:%02x:%02x.%x" : "%04x:%02x:%02x.%x", domain, bus, device, function);
+  std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", domain, bus, device, function);  // as sysfs names it
   return buf;
 }
 

@@ -18,6 +18,7 @@
 #include "verbs/error.hpp"
 #include "verbs/memory_region.hpp"
 #include "verbs/queue_pair.hpp"
+#include "verbs/topology.hpp"
 
 /// @namespace verbs::rails
 /// Many NICs as one: Target (the side whose memory is written and read) and Group (the side that
@@ -32,6 +33,11 @@ struct Rail {
   std::string local_address;   ///< e.g. "192.0.2.2": an address of this host's RDMA netdev
   std::string remote_address;  ///< e.g. "192.0.2.1": the Target's address on the same network
 };
+
+/// The IPv4 addresses of a device's netdevs (getifaddrs(3)), in its netdevs' order: a rail's
+/// local address on that device, e.g. for the devices Topology::rank() puts nearest the memory.
+/// Empty when its netdevs have none.
+[[nodiscard]] std::vector<std::string> addresses_of(const DeviceTopology& device);
 
 /// How a Group connects and moves data.
 struct GroupOptions {
@@ -60,19 +66,26 @@ struct TargetOptions {
 };
 
 /// A buffer registered on every device of a Group (Group::register_memory): one MemoryRegion
-/// per device, made once, for chunks posted on any rail. Move-only; keeps the devices' PDs alive.
+/// per device, made once, for chunks posted on any rail. Movable; a transfer started from it
+/// keeps the registrations alive until its Completion is handed out (the Region may be moved or
+/// destroyed meanwhile), but the memory itself must stay valid until then.
 class Region {
  public:
   /// The memory.
-  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return state_->bytes; }
   /// The region on device `i` (Group::device_count()).
-  [[nodiscard]] const MemoryRegion& on(std::size_t i) const { return regions_.at(i); }
+  [[nodiscard]] const MemoryRegion& on(std::size_t i) const { return state_->regions.at(i); }
+
+  /// What a Region holds (shared with the transfers that use it).
+  struct State {
+    std::span<std::byte> bytes;         ///< the memory
+    std::vector<MemoryRegion> regions;  ///< one per device of the group, in its order
+    const void* owner = nullptr;        ///< the Group's state: a region of another group is refused
+  };
 
  private:
   friend class Group;
-  std::span<std::byte> bytes_;
-  std::vector<MemoryRegion> regions_;
-  const void* owner_ = nullptr;  // the Group's state: a region of another group is refused
+  std::shared_ptr<const State> state_;
 };
 
 /// How one transfer ended.
@@ -94,9 +107,9 @@ struct RailEvent {
 
 /// Where a rail stands.
 enum class RailState : std::uint8_t {
-  up,          ///< every QP connected
-  connecting,  ///< some QPs connected or connecting (the connected ones carry chunks)
-  down,        ///< none connected: waiting to try again
+  up,          ///< every QP connected: the rail carries chunks
+  connecting,  ///< its QPs connecting (it carries chunks once all are)
+  down,        ///< taken out: what it had posted flushing, then waiting to try again
 };
 
 /// What a rail has done since the Group was made.
@@ -122,8 +135,8 @@ class Target {
   /// no address, an empty buffer or an access without a remote right.
   Target(const TargetOptions& options, std::span<std::byte> buffer, AccessFlags access,
          SourceLocation where = SourceLocation::current());
-  Target(Target&&) noexcept;
-  Target& operator=(Target&&) noexcept;
+  Target(Target&&) noexcept;             ///< moves the target; the source is left empty
+  Target& operator=(Target&&) noexcept;  ///< moves the target; the one this held is closed
   Target(const Target&) = delete;
   Target& operator=(const Target&) = delete;
   /// Closes every connection and listener, then deregisters.
@@ -169,8 +182,8 @@ class Group {
   /// rail's) when none connected.
   [[nodiscard]] static Group connect(const GroupOptions& options, std::chrono::milliseconds timeout = 30s,
                                      SourceLocation where = SourceLocation::current());
-  Group(Group&&) noexcept;
-  Group& operator=(Group&&) noexcept;
+  Group(Group&&) noexcept;             ///< moves the group; the source is left empty
+  Group& operator=(Group&&) noexcept;  ///< moves the group; the one this held is closed
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
   /// Disconnects every QP. Transfers in progress are abandoned (their chunks flush).
@@ -186,9 +199,11 @@ class Group {
   /// `remote_offset` (read: the other way), and returns the transfer's id for its Completion.
   /// Posts what it can at once; progress() posts the rest. Throws Error: remote_out_of_bounds or
   /// local_out_of_bounds for a range outside either buffer, bad_argument for a Region of another
-  /// Group, and std::errc::resource_unavailable_try_again when max_transfers are in progress
-  /// (take completions with poll() or wait() first). With no live rail the transfer fails at
-  /// once (its Completion, ENETDOWN).
+  /// Group, std::errc::permission_denied for what the Target does not allow (it says in the
+  /// handshake: a read from a Target without remote_read), and
+  /// std::errc::resource_unavailable_try_again when max_transfers are started and their
+  /// Completions not yet handed out (take them with poll() or wait() first). With no live rail
+  /// the transfer fails at once (its Completion, ENETDOWN).
   std::uint64_t write(const Region& local, std::uint64_t local_offset, std::uint64_t remote_offset,
                       std::uint64_t length, SourceLocation where = SourceLocation::current());
   std::uint64_t read(const Region& local, std::uint64_t local_offset, std::uint64_t remote_offset,

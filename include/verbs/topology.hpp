@@ -31,7 +31,7 @@ struct PciAddress {
   [[nodiscard]] static PciAddress parse(std::string_view text, SourceLocation where = SourceLocation::current());
   [[nodiscard]] static std::optional<PciAddress> parse(std::string_view text, std::error_code& ec) noexcept;
   ///@}
-  /// The kernel's form: 0000:3b:00.0 (a domain over 16 bits in 8 digits).
+  /// The kernel's form, as sysfs names the device: 0000:3b:00.0 (a VMD domain: 10000:e1:00.0).
   [[nodiscard]] std::string to_string() const;
   /// Equal when every part is.
   friend bool operator==(const PciAddress&, const PciAddress&) = default;

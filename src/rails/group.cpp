@@ -12,10 +12,13 @@
 
 #include "../detail.hpp"
 #include "schedule.hpp"
+#include "wire.hpp"
 #include "verbs/rails.hpp"
 
 namespace verbs::rails {
 
+using internal::right_read;
+using internal::right_write;
 using std::chrono::milliseconds;
 using clock = std::chrono::steady_clock;
 
@@ -69,6 +72,7 @@ struct Group::Impl {
     milliseconds backoff{};
     std::error_code error;         // the last failure
     std::string why;
+    bool request_fault = false;    // down because a request was refused, not because of its path
     RailCounters counters;
   };
 
@@ -80,7 +84,9 @@ struct Group::Impl {
   std::vector<Slot> slots;             // rail-major: rail r's QP q is r * qps_per_rail + q
   std::vector<std::size_t> post_order;  // r0q0, r1q0, ..., r0q1, ...: every rail gets work
   internal::Schedule schedule;
-  std::vector<Completion> finished;    // for poll() and wait()
+  std::vector<std::pair<Completion, std::uint32_t>> finished;  // for poll() and wait(), with their table entries
+  std::vector<std::shared_ptr<const Region::State>> regions_in_use;  // per table entry
+  std::optional<std::uint8_t> target_rights;  // what the target said it allows (right_write, right_read)
   std::vector<RailEvent> events, events_out;
   std::vector<std::uint64_t> keys;     // the channel's news, copied (reading it again reuses its list)
   std::array<verbs::Completion, 32> wcs{};
@@ -89,6 +95,7 @@ struct Group::Impl {
   std::uint64_t next_id = 1;
   std::optional<std::uint64_t> remote_size;
   std::minstd_rand jitter{std::random_device{}()};
+  std::uint64_t group_id = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();  // names this group to the target
 
   Impl(const GroupOptions& o, milliseconds b)
       : options(o),
@@ -102,6 +109,7 @@ struct Group::Impl {
     for (std::size_t i = 0; i < slots.size(); ++i) slots[i].rail = i / static_cast<std::size_t>(o.qps_per_rail);
     for (auto& r : rails) r.backoff = o.reconnect_interval;
     finished.reserve(static_cast<std::size_t>(o.max_transfers));
+    regions_in_use.resize(static_cast<std::size_t>(o.max_transfers));
     keys.reserve(slots.size() + 8);
   }
 
@@ -110,6 +118,12 @@ struct Group::Impl {
   }
   [[nodiscard]] bool any_up() const noexcept {
     return std::any_of(rails.begin(), rails.end(), [](const RailRec& r) { return r.state == RailState::up; });
+  }
+  // No rail is up, and none is down only because a request of its was refused (that one comes
+  // back at once: its path is fine).
+  [[nodiscard]] bool every_rail_gone() const noexcept {
+    return std::none_of(rails.begin(), rails.end(),
+                        [](const RailRec& r) { return r.state == RailState::up || r.request_fault; });
   }
 
   // ---- connecting -----------------------------------------------------------------------------
@@ -140,6 +154,8 @@ struct Group::Impl {
       co.connection.send_cq = &d.cq;
       co.connection.recv_cq = &d.cq;
       co.connection.channel = channel.key(i);
+      const auto hello = internal::encode({group_id, static_cast<std::uint16_t>(i)});
+      co.connection.private_data = hello;
       try {
         s.pending = cm::start_connect(options.rails[r].remote_address, options.port, co, where);
       } catch (const cm::ConnectError& e) {
@@ -167,6 +183,7 @@ struct Group::Impl {
     }
     remote_size = remote->length;
     s.remote = *remote;
+    if (const auto rights = internal::decode_rights(c.peer_private_data())) target_rights = *rights;
     s.qp_num = c.qp().qp_num();
     s.conn = std::move(c);
     // The rail carries chunks once every QP of it is connected.
@@ -175,6 +192,7 @@ struct Group::Impl {
     for (std::size_t j = s.rail * qps; j < (s.rail + 1) * qps; ++j)
       if (!slots[j].conn || slots[j].pending) return;
     rail.state = RailState::up;
+    rail.request_fault = false;
     rail.backoff = options.reconnect_interval;
     if (rail.was_down) {
       ++rail.counters.reconnects;
@@ -187,9 +205,10 @@ struct Group::Impl {
 
   // Takes rail `r` out: its QPs to ERR (what they had posted flushes back to the retry ring),
   // a reconnection after the backoff; every transfer fails when no rail is left.
-  void rail_failed(std::size_t r, std::error_code ec, std::string why) {
+  void rail_failed(std::size_t r, std::error_code ec, std::string why, bool request_fault = false) {
     RailRec& rail = rails[r];
     if (rail.state == RailState::down) return;
+    rail.request_fault = request_fault;
     const bool was_up = rail.state == RailState::up;
     rail.state = RailState::down;
     rail.error = ec;
@@ -214,7 +233,7 @@ struct Group::Impl {
     const auto extra = spread > 0 ? std::uniform_int_distribution<milliseconds::rep>(0, spread)(jitter) : 0;
     rail.retry_at = clock::now() + rail.backoff + milliseconds(extra);
     rail.backoff = std::min(rail.backoff * 2, options.reconnect_max);
-    if (!any_up()) schedule.fail_all(std::make_error_code(std::errc::network_down), every_rail_down());
+    if (every_rail_gone()) schedule.fail_all(std::make_error_code(std::errc::network_down), every_rail_down());
   }
 
   [[nodiscard]] std::string every_rail_down() const {
@@ -245,7 +264,7 @@ struct Group::Impl {
   }
 
   void post(Slot& s, const internal::ChunkPost& c) {
-    const MemoryRegion& mr = static_cast<const Region*>(c.local)->regions_[s.dev];
+    const MemoryRegion& mr = static_cast<const Region::State*>(c.local)->regions[s.dev];
     const LocalSlice local(reinterpret_cast<std::uint64_t>(mr.data()) + c.local_offset, c.length, mr.lkey());  // NOLINT
     const RemoteSlice remote{s.remote.addr + c.remote_offset, c.length, s.remote.rkey};
     const PostOptions po{.wr_id = c.wr_id};
@@ -317,7 +336,8 @@ struct Group::Impl {
     schedule.completed(wc.wr_id(), wc.ok());
     ++(wc.ok() ? rails[s->rail].counters.chunks : rails[s->rail].counters.chunks_failed);
     if (!wc.ok() && rails[s->rail].state != RailState::down)
-      rail_failed(s->rail, wc.error_code(), "a chunk failed on " + rail_name(s->rail) + ": " + wc.error_code().message());
+      rail_failed(s->rail, wc.error_code(), "a chunk failed on " + rail_name(s->rail) + ": " + wc.error_code().message(),
+                  request_error(wc.status()));
     if (s->in_flight == 0 && rails[s->rail].state == RailState::down) s->conn.reset();
   }
 
@@ -371,9 +391,22 @@ struct Group::Impl {
       if (drained) start_rail(r, where);
     }
     post_all();
-    while (std::optional<internal::Finished> f = schedule.take_finished())
-      finished.push_back(Completion{f->id, f->error, std::move(f->why)});
+    collect_finished();
     arm_timer();
+  }
+
+  void collect_finished() {
+    while (std::optional<internal::Finished> f = schedule.take_finished())
+      finished.push_back({Completion{f->id, f->error, std::move(f->why)}, f->entry});
+  }
+
+  // Hands out finished[i]: its table entry and its region's registrations are released.
+  Completion hand_out(std::size_t i) {
+    Completion c = std::move(finished[i].first);
+    schedule.release(finished[i].second);
+    regions_in_use[finished[i].second].reset();
+    finished.erase(finished.begin() + static_cast<std::ptrdiff_t>(i));
+    return c;
   }
 
   // A device whose async fd is readable: the context's reader takes its events (routing each to
@@ -415,33 +448,41 @@ struct Group::Impl {
   }
 
   std::optional<Completion> take(std::uint64_t id) {
-    const auto it = std::find_if(finished.begin(), finished.end(), [id](const Completion& c) { return c.id == id; });
-    if (it == finished.end()) return std::nullopt;
-    Completion c = std::move(*it);
-    finished.erase(it);
-    return c;
+    for (std::size_t i = 0; i < finished.size(); ++i)
+      if (finished[i].first.id == id) return hand_out(i);
+    return std::nullopt;
   }
 
   std::uint64_t start(internal::Op op, const Region& local, std::uint64_t local_offset, std::uint64_t remote_offset,
                       std::uint64_t length, SourceLocation where) {
-    check(local.owner_ == this, "the Region was registered by another Group", where);
-    if (local_offset > local.bytes_.size() || length > local.bytes_.size() - local_offset)
-      detail::throw_slice_error(Errc::local_out_of_bounds, local_offset, length, local.bytes_.size(), where);
+    check(local.state_ != nullptr && local.state_->owner == this, "the Region was registered by another Group (or moved from)", where);
+    const std::size_t lsize = local.state_->bytes.size();
+    if (local_offset > lsize || length > lsize - local_offset)
+      detail::throw_slice_error(Errc::local_out_of_bounds, local_offset, length, lsize, where);
+    if (target_rights) {
+      const bool allowed = op == internal::Op::write ? (*target_rights & right_write) != 0 : (*target_rights & right_read) != 0;
+      if (!allowed)
+        detail::throw_error(std::make_error_code(std::errc::permission_denied),
+                            std::string("rails::Group: the target does not allow ") +
+                                (op == internal::Op::write ? "writes (its access lacks remote_write)" : "reads (its access lacks remote_read)"),
+                            where);
+    }
     const std::uint64_t rsize = remote_size.value_or(0);
     if (remote_offset > rsize || length > rsize - remote_offset)
       detail::throw_slice_error(Errc::remote_out_of_bounds, remote_offset, length, rsize, where);
     const std::uint64_t id = next_id;
-    const std::optional<std::uint32_t> t = schedule.start(id, op, &local, local_offset, remote_offset, length);
+    const std::optional<std::uint32_t> t = schedule.start(id, op, local.state_.get(), local_offset, remote_offset, length);
     if (!t)
       detail::throw_error(std::make_error_code(std::errc::resource_unavailable_try_again),
                           "rails::Group: " + std::to_string(options.max_transfers) +
                               " transfers in progress (max_transfers): take completions with poll() or wait() first",
                           where);
     ++next_id;
-    if (!any_up()) schedule.fail(*t, std::make_error_code(std::errc::network_down), every_rail_down());
+    regions_in_use[*t] = local.state_;  // the registrations outlive the Region object if need be
+    if (every_rail_gone()) schedule.fail(*t, std::make_error_code(std::errc::network_down), every_rail_down());
     post_all();
-    while (std::optional<internal::Finished> f = schedule.take_finished())
-      finished.push_back(Completion{f->id, f->error, std::move(f->why)});
+    collect_finished();
+    arm_timer();
     return id;
   }
 };
@@ -521,10 +562,12 @@ Group& Group::operator=(Group&&) noexcept = default;
 Group::~Group() = default;
 
 Region Group::register_memory(std::span<std::byte> buffer, AccessFlags access, SourceLocation where) {
+  auto state = std::make_shared<Region::State>();
+  state->bytes = buffer;
+  state->owner = impl_.get();
+  for (const Impl::Dev& d : impl_->devs) state->regions.emplace_back(d.pd, buffer, access | Access::local_write, where);
   Region r;
-  r.bytes_ = buffer;
-  r.owner_ = impl_.get();
-  for (const Impl::Dev& d : impl_->devs) r.regions_.emplace_back(d.pd, buffer, access | Access::local_write, where);
+  r.state_ = std::move(state);
   return r;
 }
 
@@ -542,16 +585,14 @@ void Group::progress(SourceLocation where) { impl_->progress(where); }
 
 std::span<Completion> Group::poll(std::span<Completion> out, SourceLocation where) {
   impl_->progress(where);
-  auto& f = impl_->finished;
-  const std::size_t n = std::min(out.size(), f.size());
-  std::move(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(n), out.begin());
-  f.erase(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(n));
+  std::size_t n = 0;
+  while (n < out.size() && !impl_->finished.empty()) out[n++] = impl_->hand_out(0);
   return out.first(n);
 }
 
 std::optional<Completion> Group::wait(std::uint64_t id, milliseconds timeout, SourceLocation where) {
   Impl& g = *impl_;
-  if (!g.schedule.in_progress(id) && std::none_of(g.finished.begin(), g.finished.end(), [id](const auto& c) { return c.id == id; }))
+  if (!g.schedule.in_progress(id))
     detail::throw_error(make_error_code(Errc::bad_argument),
                         "rails::Group::wait: transfer " + std::to_string(id) + " is not in progress (its Completion was taken, or it never was)",
                         where);
@@ -568,6 +609,7 @@ std::optional<Completion> Group::wait(std::uint64_t id, milliseconds timeout, So
 void Group::take_down(std::size_t i, SourceLocation where) {
   check(i < impl_->rails.size(), "take_down: no such rail", where);
   impl_->rail_failed(i, std::make_error_code(std::errc::operation_canceled), impl_->rail_name(i) + " taken down by the caller");
+  impl_->arm_timer();
 }
 
 std::span<const RailEvent> Group::poll_rail_events() noexcept {

@@ -30,6 +30,7 @@ struct Finished {
   std::uint64_t id = 0;
   std::error_code error;  // empty: every byte arrived
   std::string why;
+  std::uint32_t entry = 0;  // its table entry, for release()
 };
 
 class Schedule {
@@ -68,11 +69,9 @@ class Schedule {
   /// The next chunk to post, counted in flight: one to post again first, else the oldest
   /// transfer's next. Empty when there is none.
   std::optional<ChunkPost> next() {
-    while (!retry_.empty()) {
+    if (!retry_.empty()) {  // never a failed transfer's: dequeue_failed() takes those out
       const std::uint64_t wr = retry_.pop();
-      Transfer& x = table_[wr >> chunk_bits];
-      if (x.failed) continue;  // its chunks are not posted again
-      ++x.in_flight;
+      ++table_[wr >> chunk_bits].in_flight;
       return post_of(wr);
     }
     while (!unposted_.empty()) {
@@ -116,24 +115,27 @@ class Schedule {
     dequeue_failed();
   }
 
-  /// The oldest finished transfer, its table entry freed.
+  /// The oldest finished transfer; its entry stays taken until release().
   std::optional<Finished> take_finished() {
     if (finished_.empty()) return std::nullopt;
     const std::uint32_t t = finished_.pop();
     Transfer& x = table_[t];
-    Finished f{x.id, x.error, std::move(x.why)};
-    x.busy = false;
-    free_.push(t);
-    return f;
+    return Finished{x.id, x.error, std::move(x.why), t};
   }
 
-  /// True while transfer `id` is started and not yet taken by take_finished().
+  /// Frees the table entry of a transfer take_finished() gave, once its Completion is handed out:
+  /// the table bounds the transfers started and not yet handed out, finished ones included.
+  void release(std::uint32_t entry) noexcept {
+    table_[entry].busy = false;
+    free_.push(entry);
+  }
+  /// True while transfer `id` is started and not yet released.
   [[nodiscard]] bool in_progress(std::uint64_t id) const noexcept {
     for (const Transfer& x : table_)
       if (x.busy && x.id == id) return true;
     return false;
   }
-  /// Transfers started and not yet taken by take_finished().
+  /// Transfers started and not yet released.
   [[nodiscard]] std::uint32_t active() const noexcept {
     return static_cast<std::uint32_t>(table_.size()) - free_.size();
   }
@@ -201,9 +203,12 @@ class Schedule {
     x.why = why;
     maybe_finish(t);
   }
-  // Out of the queue of transfers to post, so that a freed entry is never queued twice.
+  // Out of the queue of transfers to post, so that a freed entry is never queued twice, and its
+  // chunks out of the retry ring, so that none comes out later as the chunk of the next
+  // transfer in its entry.
   void dequeue_failed() {
     unposted_.remove_if([this](std::uint32_t t) { return table_[t].failed; });
+    retry_.remove_if([this](std::uint64_t wr) { return table_[wr >> chunk_bits].failed; });
   }
   void maybe_finish(std::uint32_t t) {
     if (table_[t].in_flight == 0) finish(t);

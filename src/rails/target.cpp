@@ -1,5 +1,8 @@
 // rails::Target: listeners on one EventChannel, the exposed buffer registered on each device,
 // the handshakes and connections of every group (docs/design/rails.md, "target").
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 
 #include "../detail.hpp"
 #include "verbs/rails.hpp"
+#include "wire.hpp"
 
 namespace verbs::rails {
 
@@ -30,10 +34,12 @@ struct Target::Impl {
     cm::PendingAccept pending;
     std::size_t dev;
     std::uint64_t key;
+    std::optional<internal::Hello> hello;  // which group and slot, as its request said
   };
   struct Accepted {
     cm::Connection conn;
     std::uint64_t key;
+    std::optional<internal::Hello> hello;
   };
 
   TargetOptions options;
@@ -44,6 +50,8 @@ struct Target::Impl {
   std::vector<Handshake> handshakes;
   std::vector<Accepted> accepted;
   std::uint64_t next_key = first_connection_key;
+  std::array<std::byte, 4> rights_data{};     // what the handshake answers: the groups' rights
+  std::optional<internal::Hello> last_hello;  // the request before_handshake saw last
 
   cm::ConnectionOptions connection_options(std::size_t dev, std::uint64_t key) {
     Dev& d = devs[dev];
@@ -57,6 +65,8 @@ struct Target::Impl {
     o.recv_cq = &d.cq;
     o.expose = d.region.remote();
     o.channel = channel.key(key);
+    o.private_data = rights_data;
+    o.before_handshake = [this](const cm::Handshake& h) { last_hello = internal::decode_hello(h.peer_private_data); };
     return o;
   }
 
@@ -65,10 +75,11 @@ struct Target::Impl {
     for (int i = 0; i < options.backlog + 1; ++i) {
       const std::uint64_t key = next_key;
       try {
+        last_hello.reset();
         std::optional<cm::PendingAccept> p = listeners[l].listener.start_accept(connection_options(listeners[l].dev, key), where);
         if (!p) return;
         ++next_key;
-        handshakes.push_back({std::move(*p), listeners[l].dev, key});
+        handshakes.push_back({std::move(*p), listeners[l].dev, key, last_hello});
       } catch (const cm::ConnectError&) {
         // That client's handshake failed (it went away, or asked what cannot be given): dropped.
       }
@@ -79,7 +90,15 @@ struct Target::Impl {
     for (std::size_t i = 0; i < handshakes.size();) {
       std::error_code ec;
       std::optional<cm::Connection> c = handshakes[i].pending.step(ec);
-      if (c) accepted.push_back({std::move(*c), handshakes[i].key});
+      if (c) {
+        // The same slot of the same group again: its older connection is dead (a client that
+        // reconnects has given it up; one whose wire was cut never said so). Dropped, so that
+        // a flapping link does not pile up QPs here.
+        const auto& hello = handshakes[i].hello;
+        if (hello)
+          std::erase_if(accepted, [&](const Accepted& a) { return a.hello == hello; });
+        accepted.push_back({std::move(*c), handshakes[i].key, hello});
+      }
       if (c || ec) {
         handshakes.erase(handshakes.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
@@ -115,6 +134,8 @@ Target::Target(const TargetOptions& options, std::span<std::byte> buffer, Access
   t.options = options;
   t.access = access;
   if (access & Access::remote_write) t.access |= Access::local_write;
+  t.rights_data = internal::encode_rights(static_cast<std::uint8_t>(((access & Access::remote_write) ? internal::right_write : 0) |
+                                                                   ((access & Access::remote_read) ? internal::right_read : 0)));
   std::uint16_t port = options.port;
   for (std::size_t i = 0; i < options.addresses.size(); ++i) {
     cm::ListenOptions lo;
@@ -175,5 +196,20 @@ std::chrono::steady_clock::time_point Target::next_deadline() const noexcept {
 std::uint16_t Target::port() const noexcept { return impl_->listeners.front().listener.port(); }
 
 std::size_t Target::connections() const noexcept { return impl_->accepted.size(); }
+
+std::vector<std::string> addresses_of(const DeviceTopology& device) {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (const std::string& netdev : device.netdevs)
+    for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || netdev != a->ifa_name) continue;
+      char text[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);  // NOLINT
+      out.emplace_back(text);
+    }
+  ::freeifaddrs(list);
+  return out;
+}
 
 }  // namespace verbs::rails

@@ -4,7 +4,7 @@
 #
 # Usage: run.sh CASE BIN_DIR
 #   CASE     write_pingpong, write_pingpong.mismatch, write_pingpong.killed, send_recv, echo_epoll, echo_asio, kv_asio, echo_threads, read_remote,
-#            atomic_counter, srq_server, datagram, datagram.udaddy, multicast, multicast.mckey, or help (every example's --help and a bad option; needs no device)
+#            atomic_counter, srq_server, datagram, datagram.udaddy, multicast, multicast.mckey, rail_mover, or help (every example's --help and a bad option; needs no device)
 #   BIN_DIR  where the example programs are
 # Exit status: 0 passed, 1 failed, 77 skipped (no RDMA device).
 # Two hosts: under scripts/rxe-pair (VERBS_PAIR_DIR and VERBS_PEER_ADDR set), the server runs
@@ -215,7 +215,7 @@ fi
 
 case $case_name in
   help)
-    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server datagram $( [ -x "$bin/echo_asio" ] && echo echo_asio kv_asio); do
+    for prog in write_pingpong send_recv echo_epoll echo_threads read_remote atomic_counter srq_server datagram rail_mover $( [ -x "$bin/echo_asio" ] && echo echo_asio kv_asio); do
       start help --help
       finish 0
       expect help "^Usage: $prog \[-p PORT\] \[-a BIND_ADDR\] \[options\] +\(server\)$"
@@ -335,6 +335,18 @@ case $case_name in
       longest=$(sed -En 's/^.*: served .*; longest (step|stall) ([0-9]*) ms$/\2/p' "$work/server.out")
       [ -n "$longest" ] && [ "$longest" -lt $((1000 * scale)) ] || fail "a round of the server's loop took ${longest:-?} ms (bound $((1000 * scale)) ms)"
     fi
+    ;;
+  rail_mover)
+    # verbs::rails: two rails, 4 QPs each. On one host both lead to the server's one address;
+    # across two hosts with a second wire (VERBS_PEER_ADDR2), one rail per wire.
+    hosts=$server_addr,${VERBS_PEER_ADDR2:-$server_addr}
+    start_server -a "$server_addr${VERBS_PEER_ADDR2:+,$VERBS_PEER_ADDR2}" -s 8M
+    start client -p "$port" -s 8M -n 3 "$hosts"
+    finish 0
+    expect client '^rail_mover: 2 of 2 rails up, 4 QPs each; a silent rail is noticed within [0-9]+ ms$'
+    expect client '^rail_mover: round [123]: 8388608 bytes in [0-9.]+ s \([0-9.]+ MB/s\), chunks per rail [1-9][0-9]*, [1-9][0-9]*, checked$' 3
+    expect client '^rail_mover: 3 rounds of 8388608 bytes over 2 rails, every byte checked$'
+    expect server '^rail_mover: served 8 connections; the client went$'
     ;;
   datagram)
     # UD through rdma_cm: the client resolves the server's QP (SIDR), sends, and gets as many

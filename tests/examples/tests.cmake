@@ -2,7 +2,7 @@
 # cases skip (77) without an RDMA device; example.help needs none.
 # Included from tests/CMakeLists.txt when the examples are built.
 set(verbs_example_cases write_pingpong write_pingpong.mismatch write_pingpong.killed send_recv echo_epoll echo_threads read_remote atomic_counter srq_server
-    datagram datagram.udaddy multicast multicast.mckey)
+    datagram datagram.udaddy multicast multicast.mckey rail_mover)
 if(VERBS_ASIO_COROUTINES)  # examples/CMakeLists.txt builds echo_asio and kv_asio then
   list(APPEND verbs_example_cases echo_asio kv_asio)
 endif()

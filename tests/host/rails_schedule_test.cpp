@@ -49,6 +49,8 @@ TEST(RailsSchedule, ATransferFinishesOnceEveryChunkCompletedOnce) {
   ASSERT_TRUE(f);
   EXPECT_EQ(f->id, 1u);
   EXPECT_FALSE(f->error);
+  EXPECT_EQ(s.active(), 1u);  // until its Completion is handed out
+  s.release(f->entry);
   EXPECT_EQ(s.active(), 0u);
 }
 
@@ -103,7 +105,9 @@ TEST(RailsSchedule, AFullTableRefusesAndAZeroLengthTransferEndsAtOnce) {
   ASSERT_TRUE(s.start(1, Op::write, &region, 0, 0, 4096));
   ASSERT_TRUE(s.start(2, Op::write, &region, 0, 0, 0));
   EXPECT_FALSE(s.start(3, Op::write, &region, 0, 0, 4096));
-  EXPECT_EQ(s.take_finished()->id, 2u);
+  const auto two = s.take_finished();
+  EXPECT_EQ(two->id, 2u);
+  s.release(two->entry);
   EXPECT_TRUE(s.start(3, Op::write, &region, 0, 0, 4096));
   EXPECT_TRUE(s.in_progress(1));
   EXPECT_TRUE(s.in_progress(3));
@@ -122,6 +126,7 @@ TEST(RailsSchedule, AnEntryFreedAfterAFailureIsQueuedOnceWhenReused) {
     const auto f = s.take_finished();
     ASSERT_TRUE(f) << id;
     EXPECT_EQ(f->id, id);
+    s.release(f->entry);
     EXPECT_FALSE(s.has_work()) << id;
   }
   ASSERT_TRUE(s.start(99, Op::write, &region, 0, 0, 2 * 4096));
@@ -132,6 +137,45 @@ TEST(RailsSchedule, AnEntryFreedAfterAFailureIsQueuedOnceWhenReused) {
   }
   EXPECT_EQ(chunks, 2);
   EXPECT_EQ(s.take_finished()->id, 99u);
+}
+
+TEST(RailsSchedule, AFailedTransfersChunksWaitingToGoAgainAreNotPostedForTheNextOneInItsEntry) {
+  // A chunk of T flushed by a failed rail waits in the retry ring; then another of T's chunks is
+  // refused (a request error): T fails, finishes, and its entry goes to V. V's chunks are V's
+  // own: T's waiting chunk must not come out as V's.
+  Schedule s(1, 4, 4096);
+  ASSERT_TRUE(s.start(1, Op::write, &region, 0, 0, 2 * 4096));
+  const auto c0 = *s.next(), c1 = *s.next();
+  s.completed(c1.wr_id, false);  // flushed: waits to go again
+  s.fail(static_cast<std::uint32_t>(c0.wr_id >> Schedule::chunk_bits), std::make_error_code(std::errc::permission_denied),
+         "refused");
+  s.completed(c0.wr_id, false);
+  const auto f = s.take_finished();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->error, std::errc::permission_denied);
+  s.release(f->entry);
+  ASSERT_TRUE(s.start(2, Op::write, &region, 0, 0, 4096));  // one chunk, in T's entry
+  const auto v = s.next();
+  ASSERT_TRUE(v);
+  EXPECT_EQ(chunk_of(*v), 0u);
+  EXPECT_EQ(v->length, 4096u);
+  EXPECT_FALSE(s.next()) << "a chunk of the failed transfer came out as the new one's";
+  s.completed(v->wr_id, true);
+  const auto g = s.take_finished();
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->id, 2u);
+  EXPECT_FALSE(g->error);
+}
+
+TEST(RailsSchedule, AFinishedTransferHoldsItsEntryUntilReleased) {
+  // The table bounds the transfers started and not yet handed to the caller: finished ones too.
+  Schedule s(1, 4, 4096);
+  ASSERT_TRUE(s.start(1, Op::write, &region, 0, 0, 0));
+  const auto f = s.take_finished();
+  ASSERT_TRUE(f);
+  EXPECT_FALSE(s.start(2, Op::write, &region, 0, 0, 4096));
+  s.release(f->entry);
+  EXPECT_TRUE(s.start(2, Op::write, &region, 0, 0, 4096));
 }
 
 TEST(RailsSchedule, UnderRandomFailuresEveryChunkCompletesExactlyOnceWithinTheRing) {
@@ -169,6 +213,7 @@ TEST(RailsSchedule, UnderRandomFailuresEveryChunkCompletesExactlyOnceWithinTheRi
     }
     while (auto f = s.take_finished()) {
       EXPECT_FALSE(f->error);
+      s.release(f->entry);
       ++finished;
       for (std::uint64_t k = 0; k < chunks_of.at(f->id); ++k)
         EXPECT_EQ((ok[{f->id, k}]), 1) << "transfer " << f->id << " chunk " << k;

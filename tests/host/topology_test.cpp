@@ -105,9 +105,10 @@ TEST(PciAddress, ParsesTheKernelsCudasAndNvidiaSmisForms) {
   EXPECT_EQ(a.to_string(), "0000:3b:00.1");
   EXPECT_EQ(PciAddress::parse("00000000:3B:00.1"), a);  // nvidia-smi's 8-digit domain, upper case
   EXPECT_EQ(PciAddress::parse("3b:00.1"), a);
-  const auto wide = PciAddress::parse("10000:c1:1f.7");
+  const auto wide = PciAddress::parse("10000:c1:1f.7");  // a VMD domain, as sysfs names it
   EXPECT_EQ(wide.domain, 0x10000u);
-  EXPECT_EQ(wide.to_string(), "00010000:c1:1f.7");
+  EXPECT_EQ(wide.to_string(), "10000:c1:1f.7");
+  EXPECT_EQ(PciAddress::parse("00010000:C1:1F.7"), wide);
 }
 
 TEST(PciAddress, RefusesWhatIsNotOneSayingWhatItTakes) {
@@ -286,6 +287,22 @@ TEST(Topology, SoftRoceGuestTakesEachDevicesPlaceFromItsNetdev) {
   const auto cpu = t.rank(Place::of_cpu(1));
   EXPECT_EQ(names(cpu), (std::vector<std::string>{"rxe0", "rxe1", "rxe2"}));
   for (const auto& r : cpu) EXPECT_EQ(r.proximity, Proximity::same_numa_node) << r.device->name;
+}
+
+TEST(Topology, ANicBehindVmdSitsBelowItsOwnHostBridgeNotTheController) {
+  FakeSysfs tree("vmd.tree");
+  const auto t = Topology::read(tree.root());
+  const auto* nic = t.find("mlx5_0");
+  ASSERT_NE(nic, nullptr);
+  ASSERT_TRUE(nic->pci);
+  EXPECT_EQ(nic->pci->to_string(), "10000:e1:00.0");
+  EXPECT_EQ(nic->host_bridge, "pci10000:e0");
+  EXPECT_EQ(pci_strings(nic->bridges), (std::vector<std::string>{"10000:e0:06.0"}));
+  const auto near_nvme = t.rank(Place::of_pci(PciAddress::parse("10000:e2:00.0")));
+  ASSERT_EQ(near_nvme.size(), 1u);
+  EXPECT_EQ(near_nvme[0].proximity, Proximity::same_host_bridge);
+  EXPECT_EQ(near_nvme[0].pci_hops, 4);
+  EXPECT_EQ(t.rank(Place::of_pci(PciAddress::parse("10000:e1:00.0")))[0].proximity, Proximity::same_device);
 }
 
 TEST(Topology, ADeviceNotThereIsRefusedNamingThoseThatAre) {

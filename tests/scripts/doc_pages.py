@@ -106,7 +106,7 @@ def main():
         documented = {}
         lines = texts[options].split("\n")
         for i, line in enumerate(lines):
-            m = re.match(r"^verbs::(?:cm::)?(\w+) \w+\([^)]*\) \{$", line)
+            m = re.match(r"^verbs::(?:cm::|rails::)?(\w+) \w+\([^)]*\) \{$", line)
             if not m:
                 continue
             names = []

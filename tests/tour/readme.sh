@@ -10,6 +10,7 @@
 #   readme.sh ud PROGRAM            docs/datagrams.md: one process, both QPs
 #   readme.sh datagram PROGRAM      docs/datagrams.md: one process (PROGRAM ADDR), UD and multicast through rdma_cm
 #   readme.sh window PROGRAM        docs/memory.md: one process, both QPs: a memory window granted, then revoked
+#   readme.sh rails PROGRAM         docs/rails.md: one process (PROGRAM ADDR), a Target and a Group of two rails
 # VERBS_TEST_WRAPPER and VERBS_TEST_TIMEOUT_SCALE as in tests/examples/run.sh. Under
 # scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) the server runs on the other host.
 set -u
@@ -58,6 +59,11 @@ case "$name" in
     echo "exit $rc: $out"
     [ "$rc" -eq 0 ] && [[ "$out" == *"the owner has 'granted'"* ]] &&
       [[ "$out" == *"after the revoke: remote access error"* ]]
+    ;;
+  rails)
+    out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" -eq 0 ] && [[ "$out" =~ "rails: 8388608 bytes over 2 rails: done, every byte there; rail 0 "[1-9][0-9]*" chunks, rail 1 "[1-9] ]]
     ;;
   datagram)
     out=$(timeout $((60 * scale)) "${wrapper[@]}" "$prog" "$addr" 2>&1); rc=$?

@@ -42,7 +42,8 @@
 #                         --mtu-a 9000): `verbs-info --check --peer` names it on both hosts; traffic
 #                         checked with each host as the client (verbs uses the smaller MTU); then
 #                         host a back at 1500, and the check passes
-#   soak                  8 connections of mixed traffic (messages of at most 16 KiB) for VERBS_SOAK_SECONDS (default 120) with
+#   soak                  8 connections of mixed traffic (messages of at most 16 KiB) for VERBS_SOAK_SECONDS (default 60:
+#                         the suite's budget is short; 120, the default until session 24, found nothing 60 did not) with
 #                         1% loss: 0 lost, 0 wrong
 # Exit status: 0 passed, 1 failed.
 set -uo pipefail
@@ -594,7 +595,7 @@ case $case_name in
     serve_on_a --idle 30 "${emu[@]}"
     control -c 8 -n 10 --max-size 16384 "${emu[@]}"
     netem loss 1%
-    phase client -c 8 -t "${VERBS_SOAK_SECONDS:-120}" --max-size 16384 "${emu[@]}"
+    phase client -c 8 -t "${VERBS_SOAK_SECONDS:-60}" --max-size 16384 "${emu[@]}"
     seen client "packets netem dropped" a.netem_dropped b.netem_dropped
     seen client "rxe's recoveries (sequence errors, retransmissions, duplicates)" \
       {a,b}.{out_of_seq_request,rcvd_seq_err,completer_retry_err,duplicate_request}
