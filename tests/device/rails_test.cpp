@@ -2,6 +2,8 @@
 // over the test address. What one host can show: striping over every QP with every byte checked,
 // a rail taken out mid-transfer and back, every rail gone, the refusals. A wire that is cut is
 // the two-host suite's (twohost.rails.*).
+#include <poll.h>
+
 #include <algorithm>
 #include <atomic>
 #include <array>
@@ -301,6 +303,40 @@ TEST_F(Rails, WhatCannotBeDoneIsRefusedSayingWhy) {
   refused([](GroupOptions& b) { b.chunk_size = 100; }, "chunk_size");
   refused([](GroupOptions& b) { b.port = 0; }, "port");
   refused([](GroupOptions& b) { b.transport.retry_count = 7; }, "retry_count 7");
+}
+
+TEST_F(Rails, AnEventLoopSleepingOnItsFdAloneSeesARailTakenDownComeBack) {
+  // fd() covers reconnections: its timer is set when take_down() schedules one.
+  std::vector<std::byte> remote(1 << 20);
+  ServedTarget target(remote);
+  Group g = Group::connect(options_for(target.port(), 2, 1), 30s);
+  g.take_down(1);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (g.rail_state(1) != RailState::up && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{g.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now()).count()));
+    g.progress();
+  }
+  EXPECT_EQ(g.rail_state(1), RailState::up);
+}
+
+TEST_F(Rails, ARegionMayMoveWhileItsTransferRuns) {
+  // The transfer holds the registrations, not the Region object: moving it (a vector that grows)
+  // or destroying it meanwhile is fine; the memory stays the caller's to keep.
+  constexpr std::size_t size = 4 << 20;
+  std::vector<std::byte> remote(size), local(size);
+  fill_pattern(local, 13);
+  ServedTarget target(remote);
+  Group g = Group::connect(options_for(target.port(), 2, 2), 30s);
+  std::vector<rails::Region> regions;
+  regions.push_back(g.register_memory(local));
+  const std::uint64_t id = g.write(regions[0], 0, 0, size);
+  for (int i = 0; i < 8; ++i) regions.push_back(g.register_memory(std::span(local).first(4096)));  // reallocates
+  regions.erase(regions.begin());
+  const auto c = finish(g, id);
+  EXPECT_TRUE(c.ok()) << c.what;
+  EXPECT_TRUE(same_bytes(remote, local));
 }
 
 TEST_F(Rails, TheTestDevicesAddressComesFromItsTopology) {
