@@ -37,6 +37,14 @@ using cm::Phase;
 #define VERBS_TEST_ASAN 1
 #endif
 #endif
+// The ThreadSanitizer build (scripts/test's TSan one).
+#if defined(__SANITIZE_THREAD__)
+#define VERBS_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define VERBS_TEST_TSAN 1
+#endif
+#endif
 
 using Cm = CmFixture;
 
@@ -1985,8 +1993,15 @@ TEST_F(Cm, ThousandConnectDisconnectCyclesLeakNothing) {
   EXPECT_EQ(rdma_resources(), resources) << "verbs objects (rdma resource show) leaked";
 #ifndef VERBS_TEST_ASAN
   // Under ASan freed memory waits in its quarantine, so the resident size grows; LeakSanitizer
-  // checks for leaks there instead.
-  EXPECT_LT(resident_kib() - rss, 8 * 1024) << "resident memory grew by " << (resident_kib() - rss) << " KiB";
+  // checks for leaks there instead. Under TSan the runtime keeps shadow and sync metadata for
+  // what the cycles touched, and its share grew with the run's pace: 11.2 MiB once, when the
+  // TSan VM first ran beside the ASan one (session 24), where 8 had held; it gets 32.
+#ifdef VERBS_TEST_TSAN
+  constexpr long bound_kib = 32 * 1024;
+#else
+  constexpr long bound_kib = 8 * 1024;
+#endif
+  EXPECT_LT(resident_kib() - rss, bound_kib) << "resident memory grew by " << (resident_kib() - rss) << " KiB";
 #endif
 }
 
