@@ -31,8 +31,14 @@ for t in write_rate_batched_wr write_rate_batched_old; do
   grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
 done
 grep -Eq "^gain_vs_perftest write_rate_batching [0-9.]+$" "$log" || { echo "FAIL: no 'gain_vs_perftest' line"; exit 1; }
-# Many QPs across the wire, at each count (the connection rows run on one host only).
-for q in 1 2 4 8 16 32 64; do
+# Many QPs across the wire, at each count asked for (--qp-counts; the connection rows run on one
+# host only).
+counts="1 2 4 8 16 32 64"
+args=("$@")
+for i in "${!args[@]}"; do
+  [ "${args[i]}" = --qp-counts ] && counts=${args[i + 1]//,/ }
+done
+for q in $counts; do
   for t in write_rate_q$q write_bw_q$q; do
     grep -Eq "^paired $t [0-9.]+$" "$log" || { echo "FAIL: no 'paired $t' line"; exit 1; }
   done

@@ -38,8 +38,8 @@
 #   connect_down_host     connecting to host a while it is off: an address-resolution failure
 #                         within the connect's time limits
 #   connect_no_listener   connecting to a port nobody listens on: rejected at once
-#   mtu_mismatch          host a's eth0 at MTU 9000 (RDMA MTU 4096), host b's at 1500 (1024; run.sh
-#                         --mtu-a 9000): `verbs-info --check --peer` names it on both hosts; traffic
+#   mtu_mismatch          host a's eth0 set to MTU 9000 (RDMA MTU 4096), host b's at 1500 (1024):
+#                         `verbs-info --check --peer` names it on both hosts; traffic
 #                         checked with each host as the client (verbs uses the smaller MTU); then
 #                         host a back at 1500, and the check passes
 #   soak                  8 connections of mixed traffic (messages of at most 16 KiB) for VERBS_SOAK_SECONDS (default 60:
@@ -58,12 +58,17 @@ b=${VERBS_TEST_ADDR:?}
 work=$(mktemp -d)
 spid=
 failed=0
-# Most cases run on the pair that other tests share (tests/twohost/tests.cmake): each leaves the
+# The cases run on the pair that other tests share (tests/twohost/tests.cmake): each leaves the
 # wire and host a as it found them, whatever happened: no netem qdisc on either host's eth0 (the
 # cases that put one on host a say so in a_wire), no server of its own on host a (its port would
-# refuse the next case's). A case that cannot undo its fault fails.
-a_wire=0
+# refuse the next case's), host a up (the cases that power it off) with its eth0 at MTU 1500
+# (a_mtu: mtu_mismatch). A case that cannot undo its fault fails.
+a_wire=0 a_mtu=0
 cleanup() {
+  if [[ -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
+    "$pair" boot >/dev/null && echo "host a booted again (the next case finds it up)" ||
+      { echo "FAIL: host a, powered off, did not boot again"; failed=1; }
+  fi
   if [[ -n $spid ]]; then
     "$pair" kill server KILL
     kill "$spid" 2>/dev/null
@@ -78,6 +83,10 @@ cleanup() {
   if ((a_wire)) && [[ ! -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
     "$pair" run -t 60 sh -c 'tc qdisc del dev eth0 root 2>/dev/null; ! tc qdisc show dev eth0 | grep netem' ||
       { echo "FAIL: the netem qdisc on host a's eth0 could not be taken away"; failed=1; }
+  fi
+  if ((a_mtu)) && ! "$pair" run -t 60 sh -c 'ip link set eth0 mtu 1500 && grep -qx 1500 /sys/class/net/eth0/mtu'; then
+    echo "FAIL: host a's eth0 could not be set back to MTU 1500"
+    failed=1
   fi
   rm -rf "$work"
   ((failed == 0)) || exit 1
@@ -560,7 +569,10 @@ case $case_name in
       grep -q -- "$pattern" "$work/check" || fail "verbs-info --check --peer on host $label did not say '$pattern'"
     }
     [[ $(cat /sys/class/net/eth0/mtu) == 1500 ]] || fail "this host's MTU is not 1500"
-    [[ $("$pair" run cat /sys/class/net/eth0/mtu) == 9000 ]] || fail "host a's MTU is not 9000 (run.sh --mtu-a 9000)"
+    a_mtu=1  # set back to 1500 on exit
+    "$pair" run ip link set eth0 mtu 9000 || fail "cannot set host a's eth0 to MTU 9000"
+    sleep 1
+    [[ $("$pair" run cat /sys/class/net/eth0/mtu) == 9000 ]] || fail "host a's MTU is not 9000"
     peer_check b 1 "replies come back whole (its MTU is 9000 or more, RDMA MTU 4096), this host's eth0 MTU 1500 (RDMA MTU 1024) \[peer_mtu_mismatch\]" \
       "$info" --check --peer "$a"
     peer_check a 1 "replies come back in fragments of 1500 bytes (its MTU is 1500, RDMA MTU 1024), this host's eth0 MTU 9000 (RDMA MTU 4096) \[peer_mtu_mismatch\]" \

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The guide's two-host commands (docs/connections.md), as written, between the two hosts of
-# scripts/rxe-pair. Run on this machine (each command boots its own pair), from the source tree,
-# with BIN_DIR standing for the page's build/. The blocks are read as cmake/doc_snippets.cmake
-# extracted them (BIN_DIR/doc-snippets/BLOCK.sh), from whichever page holds them.
-#   readme.sh two-hosts BIN_DIR   the "host A / host B" block: each line's left command on host a,
-#                                 its right one on host b, with 10.0.0.1 read as host a (192.0.2.1)
-#   readme.sh rxe-pair BIN_DIR    the scripts/rxe-pair block, each command as it stands
+# scripts/rxe-pair, with BIN_DIR standing for the page's build/. The blocks are read as
+# cmake/doc_snippets.cmake extracted them (BIN_DIR/doc-snippets/BLOCK.sh), from whichever page
+# holds them.
+#   readme.sh two-hosts BIN_DIR   the "host A / host B" block, on host b of a pair (run.sh, the
+#                                 shared pair): each line's left command on host a (scripts/pair),
+#                                 its right one here once host a's listens, with 10.0.0.1 read as
+#                                 host a (192.0.2.1)
+#   readme.sh rxe-pair BIN_DIR    the scripts/rxe-pair block, each command as it stands, run on
+#                                 this machine (each boots a pair of its own)
 # Exit status: 0 every command succeeded on both hosts, 1 one failed, 125 the VMs could not run.
 set -uo pipefail
 block=$1
@@ -27,8 +30,31 @@ run() {
   ((rc == 125)) && exit 125
   ((rc == 0)) || failed=1
 }
+# host_a_then_b A_CMD B_CMD: A_CMD on host a (scripts/pair), then B_CMD here once A_CMD's
+# program prints "listening on"; both must succeed. (Each line's job has a name of its own: the
+# wait for the line must not find the one before's.)
+lines=0
+host_a_then_b() {
+  local pair=$top/scripts/pair rc_a rc_b name=readme_host_a_$((++lines))
+  "$pair" exec --name "$name" --timeout 120 bash -c "$1" &
+  local a_pid=$!
+  if ! "$pair" grep "$name" 'listening on' 60 >/dev/null; then
+    echo "readme.sh: host a's command did not say it listens within 60 s"
+    kill "$a_pid" 2>/dev/null
+    wait "$a_pid"
+    return 1
+  fi
+  bash -c "$2"
+  rc_b=$?
+  wait "$a_pid"
+  rc_a=$?
+  echo "readme.sh: host a's command exited $rc_a, host b's $rc_b"
+  ((rc_a == 125)) && return 125
+  ((rc_a == 0 && rc_b == 0))
+}
 case $block in
   two-hosts)
+    [[ ${VERBS_PAIR_HOST:-} == b ]] || { echo "readme.sh two-hosts: run it on host b of a pair (tests/twohost/run.sh)" >&2; exit 2; }
     while IFS= read -r line; do
       [[ $line == \#* || -z ${line// /} ]] && continue
       line=${line%%  # *}                       # a trailing comment
@@ -36,8 +62,8 @@ case $block in
       b_cmd=$(sed -E 's/^.* {3,}//' <<<"$line")
       [[ $a_cmd != "$line" ]] || { echo "readme.sh: no host B column in: $line" >&2; exit 1; }
       a_cmd=${a_cmd//10.0.0.1/192.0.2.1} b_cmd=${b_cmd//10.0.0.1/192.0.2.1}
-      # By hand host B starts once host A serves; here host b waits for host a's boot and server.
-      run scripts/rxe-pair --timeout 300 --a "$a_cmd" --b "sleep 8; $b_cmd"
+      # By hand host B starts once host A serves: here once host a's program says it listens.
+      run host_a_then_b "$a_cmd" "$b_cmd"
     done <<<"$text"
     ;;
   rxe-pair)
