@@ -8,10 +8,6 @@ foreach(mode install package pkg-config subdirectory fetchcontent shared)
   set_tests_properties(consumer.${mode} PROPERTIES LABELS host TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT VERBS_VERSION=${PROJECT_VERSION})
 endforeach()
-# These three build the library again from its source (about 80 s each on two CPUs): labelled
-# rebuild too, so that scripts/test can run them beside the cross-host step, whose two guests
-# leave CPU idle, instead of in the host step.
-set_tests_properties(consumer.subdirectory consumer.fetchcontent consumer.shared PROPERTIES LABELS "host;rebuild")
 # The README's command for the build tree links build/libverbs.a as it is: not in a build with
 # sanitizers (the consumer would need their flags) or a shared library.
 if(NOT VERBS_SANITIZE AND NOT BUILD_SHARED_LIBS AND NOT VERBS_BUILD_FUZZ)
