@@ -65,15 +65,16 @@ failed=0
 # (a_mtu: mtu_mismatch). A case that cannot undo its fault fails.
 a_wire=0 a_mtu=0
 cleanup() {
-  if [[ -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
-    "$pair" boot >/dev/null && echo "host a booted again (the next case finds it up)" ||
-      { echo "FAIL: host a, powered off, did not boot again"; failed=1; }
-  fi
   if [[ -n $spid ]]; then
     "$pair" kill server KILL
     kill "$spid" 2>/dev/null
   fi
   wait  # a fault still being made on host a (the wire cuts) is made before it is taken away
+  # (After that wait: a power-off still being asked for is done before host a boots again.)
+  if [[ -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
+    "$pair" boot >/dev/null && echo "host a booted again (the next case finds it up)" ||
+      { echo "FAIL: host a, powered off, did not boot again"; failed=1; }
+  fi
   # The server gone before the next case starts one on its port (a kill is only asked for).
   if [[ -n $spid && ! -e ${VERBS_PAIR_DIR:-}/a.off ]]; then
     "$pair" wait server 30 >/dev/null 2>&1
