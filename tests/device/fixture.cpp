@@ -118,11 +118,20 @@ QpPair::QpPair(const Device& dev, const ProtectionDomain& pd, QpOptions options,
   }
 }
 
+// Eight bytes a step, each word a hash (splitmix64) of the seed and the word's offset, so no
+// two words of a buffer are alike and a piece that lands in the wrong place shows. The tests
+// compile at -O0, where a byte at a time through span::operator[] took seconds over the rails
+// tests' buffers of up to 32 MiB in the VM (Rails 10 s at -O2, 17 s at -O0, 55 s under ASan).
 void fill_pattern(std::span<std::byte> bytes, unsigned seed) {
-  unsigned x = seed * 2654435761u + 1;
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    x = x * 1103515245u + 12345u;
-    bytes[i] = static_cast<std::byte>((x >> 16) ^ i);
+  std::byte* p = bytes.data();
+  const std::size_t n = bytes.size();
+  std::uint64_t x = (std::uint64_t{seed} << 32) + 1;
+  for (std::size_t i = 0; i < n; i += 8) {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(p + i, &z, std::min<std::size_t>(8, n - i));
   }
 }
 

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <stdexcept>
@@ -56,11 +57,16 @@ void figure(const char* name, double value) {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Eight bytes a step, each word a hash (splitmix64) of the seed and its offset: the tests'
+// programs compile at -O0, where a byte at a time over 32 MiB took seconds in a guest.
 void fill(std::vector<std::byte>& v, unsigned seed) {
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
+  std::uint64_t x = (std::uint64_t{seed} << 32) + 1;
+  for (std::size_t i = 0; i < v.size(); i += 8) {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(v.data() + i, &z, std::min<std::size_t>(8, v.size() - i));
   }
 }
 
@@ -99,6 +105,7 @@ void expect_ok(const verbs::rails::Completion& c, const char* what) {
 }
 
 void expect_same(const std::vector<std::byte>& got, const std::vector<std::byte>& want, const char* what) {
+  if (got == want) return;  // memcmp; the first difference is looked for only when there is one
   for (std::size_t i = 0; i < got.size(); ++i)
     if (got[i] != want[i]) fail(std::string(what) + ": byte " + std::to_string(i) + " differs");
 }
