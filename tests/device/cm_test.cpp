@@ -1336,7 +1336,7 @@ class ChannelReader {
   }
 
  private:
-  std::atomic<bool> stop_{false}, writer_done_{false};
+  std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
