@@ -19,7 +19,7 @@ namespace {
 
 using detail::get_le;
 using detail::put_le;
-constexpr std::byte kMagic0{'V'}, kMagic1{'R'}, kVersion{1};
+constexpr std::byte kSliceMagic0{'V'}, kSliceMagic1{'R'}, kSliceVersion{1};
 
 }  // namespace
 
@@ -295,9 +295,9 @@ void MemoryRegion::rereg(const Rereg& change, SourceLocation where) {
 
 RemoteSlice::Wire RemoteSlice::encode() const noexcept {
   Wire w{};
-  w[0] = kMagic0;
-  w[1] = kMagic1;
-  w[2] = kVersion;
+  w[0] = kSliceMagic0;
+  w[1] = kSliceMagic1;
+  w[2] = kSliceVersion;
   w[3] = std::byte{0};
   put_le(&w[4], rkey, 4);
   put_le(&w[8], addr, 8);
@@ -307,7 +307,7 @@ RemoteSlice::Wire RemoteSlice::encode() const noexcept {
 
 std::optional<RemoteSlice> RemoteSlice::decode(std::span<const std::byte> wire, std::error_code& ec) noexcept {
   ec = make_error_code(Errc::bad_encoding);
-  if (wire.size() != wire_size || wire[0] != kMagic0 || wire[1] != kMagic1 || wire[2] != kVersion ||
+  if (wire.size() != wire_size || wire[0] != kSliceMagic0 || wire[1] != kSliceMagic1 || wire[2] != kSliceVersion ||
       wire[3] != std::byte{0})
     return std::nullopt;
   RemoteSlice r{get_le(&wire[8], 8), get_le(&wire[16], 8), static_cast<std::uint32_t>(get_le(&wire[4], 4))};
@@ -322,9 +322,9 @@ RemoteSlice RemoteSlice::decode(std::span<const std::byte> wire, SourceLocation 
   std::string why;
   if (wire.size() != wire_size)
     why = "size " + std::to_string(wire.size()) + ", expected " + std::to_string(wire_size);
-  else if (wire[0] != kMagic0 || wire[1] != kMagic1)
+  else if (wire[0] != kSliceMagic0 || wire[1] != kSliceMagic1)
     why = "bad magic (not a verbs remote slice)";
-  else if (wire[2] != kVersion)
+  else if (wire[2] != kSliceVersion)
     why = "unsupported version " + std::to_string(static_cast<int>(wire[2]));
   else if (wire[3] != std::byte{0})
     why = "reserved byte not zero";

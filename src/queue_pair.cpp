@@ -73,7 +73,7 @@ std::uint32_t random_psn() {
   return gen() & 0xffffffu;
 }
 
-constexpr std::byte kMagic0{'V'}, kMagic1{'E'}, kVersion{1};
+constexpr std::byte kEndpointMagic0{'V'}, kEndpointMagic1{'E'}, kEndpointVersion{1};
 
 /// Why ibv_create_qp said EINVAL: the capacity over the device's limit, by name. The inline
 /// size is no device attribute, so it is probed (by creating QPs with less) only on this path.
@@ -525,9 +525,9 @@ QpState QueuePair::refresh_state(SourceLocation where) {
 
 Endpoint::Wire Endpoint::encode() const noexcept {
   Wire w{};
-  w[0] = kMagic0;
-  w[1] = kMagic1;
-  w[2] = kVersion;
+  w[0] = kEndpointMagic0;
+  w[1] = kEndpointMagic1;
+  w[2] = kEndpointVersion;
   // Both are 24-bit fields on the wire protocol; decode() rejects anything wider.
   put_le(&w[4], qp_num & 0xffffffu, 4);
   put_le(&w[8], psn & 0xffffffu, 4);
@@ -541,8 +541,8 @@ Endpoint::Wire Endpoint::encode() const noexcept {
 namespace {
 const char* endpoint_problem(std::span<const std::byte> w) noexcept {
   if (w.size() != Endpoint::wire_size) return "wrong size";
-  if (w[0] != kMagic0 || w[1] != kMagic1) return "bad magic (not a verbs endpoint)";
-  if (w[2] != kVersion) return "unsupported version";
+  if (w[0] != kEndpointMagic0 || w[1] != kEndpointMagic1) return "bad magic (not a verbs endpoint)";
+  if (w[2] != kEndpointVersion) return "unsupported version";
   if (w[3] != std::byte{0} || w[19] != std::byte{0}) return "reserved byte not zero";
   if (mtu_bytes(static_cast<Mtu>(w[18])) == 0) return "MTU out of range";
   if (get_le(&w[8], 4) > 0xffffffu) return "PSN wider than 24 bits";

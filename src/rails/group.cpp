@@ -22,9 +22,10 @@ using internal::right_write;
 using std::chrono::milliseconds;
 using clock = std::chrono::steady_clock;
 
-namespace {
-
-// An fd closed with its owner.
+// An fd closed with its owner. Not in the anonymous namespace: Group::Impl, which has external
+// linkage, holds two (g++ warns of that where this file is compiled inside another, as in a
+// unity build).
+namespace internal {
 class Fd {
  public:
   explicit Fd(int fd = -1) noexcept : fd_(fd) {}
@@ -41,6 +42,10 @@ class Fd {
  private:
   int fd_;
 };
+}  // namespace internal
+using internal::Fd;
+
+namespace {
 
 void check(bool ok, const char* what, SourceLocation where) {
   if (!ok) detail::throw_error(make_error_code(Errc::bad_argument), std::string("rails::Group: ") + what, where);
