@@ -1,8 +1,12 @@
 # verbs-perf's own correctness on a device: write_bw, read_bw and send_bw as a server and a client
 # with --verify (the data is checked after each run). No timing is asserted. Skips (77) without
-# an RDMA device.
+# an RDMA device. In a sanitizer build, one pair for each code path (--sanitized).
+set(verbs_perf_verify_args "")
+if(VERBS_SANITIZE)
+  set(verbs_perf_verify_args --sanitized)
+endif()
 add_test(NAME bench.verbs_perf_verify
-         COMMAND ${CMAKE_CURRENT_LIST_DIR}/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf>)
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/verbs-perf/verify-pair.sh $<TARGET_FILE:verbs-perf> ${verbs_perf_verify_args})
 set_tests_properties(bench.verbs_perf_verify PROPERTIES LABELS device TIMEOUT 600 SKIP_RETURN_CODE 77)
 
 # bench/compare refuses an --out it cannot write before it runs anything (it used to find out
