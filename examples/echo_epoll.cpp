@@ -7,7 +7,10 @@
 // whose events say which connection fired (CqOptions::context); connection requests are taken
 // with Listener::start_accept and their handshakes finished by PendingAccept::step as their
 // fds say; a client that disconnects or dies is noticed on its rdma_cm fd, and one silent for
-// IDLE_SECONDS (default 10) is dropped. After CLIENTS clients (0: never) have come and gone it
+// IDLE_SECONDS (default 10) is dropped. A round of the loop takes at most kPerRound requests and
+// closes at most kPerRound connections (each makes or destroys a QP, a CQ and a region): a wave of
+// 50 clients arriving or leaving together is spread over rounds, between which the others'
+// echoes go on. After CLIENTS clients (0: never) have come and gone it
 // prints what it did, with the longest time one round of the loop took outside epoll_wait:
 //   echo_epoll: served 53 clients, 10000 messages (1 silent and dropped, 1 gone); longest step 3 ms
 //
@@ -45,6 +48,7 @@ constexpr const char* kName = "echo_epoll";
 constexpr std::size_t kSlots = 8;      // receives posted per connection
 constexpr std::size_t kMax = example::kEchoMax;  // the largest message
 constexpr std::uint64_t kSend = 1u << 16;  // wr_id of an echo: kSend | slot
+constexpr int kPerRound = 4;  // connection requests taken, and connections closed, in one round
 
 // ---- server ----------------------------------------------------------------------------------
 
@@ -138,8 +142,9 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
   std::array<epoll_event, 64> events;
   std::array<verbs::CqEvent, 64> cq_events;
 
-  const auto accept_all = [&] {
-    while (expected == 0 || accepted < expected) {
+  // Takes up to kPerRound requests; the listener's fd stays readable while more wait.
+  const auto accept_some = [&] {
+    for (int taken = 0; taken < kPerRound && (expected == 0 || accepted < expected); ++taken) {
       if (!spare) spare = std::make_unique<Peer>(dev, pd, channel);
       Peer& p = *spare;
       std::optional<verbs::cm::PendingAccept> pending;
@@ -163,12 +168,14 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
       peers.push_back(std::move(spare));
     }
     // All have come: stop watching the listener (a further request would keep it readable).
-    (void)::epoll_ctl(ep, EPOLL_CTL_DEL, listener.fd(), nullptr);
+    if (expected != 0 && accepted == expected) (void)::epoll_ctl(ep, EPOLL_CTL_DEL, listener.fd(), nullptr);
   };
 
+  bool more_to_close = false;  // the last round left connections to close
   while (expected == 0 || accepted < expected || !peers.empty()) {
     // Sleep until something happens or the nearest limit: a handshake's, or a client's silence.
     auto next = Clock::now() + std::chrono::seconds(60);
+    if (more_to_close) next = Clock::now();
     for (const auto& p : peers) next = std::min(next, p->pending ? p->pending->deadline() : p->last + idle);
     const auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
     const int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()),
@@ -178,7 +185,7 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
     for (int i = 0; i < n; ++i) {
       Source& s = *static_cast<Source*>(events[static_cast<std::size_t>(i)].data.ptr);
       if (s.kind == Source::listener) {
-        accept_all();
+        accept_some();
       } else if (s.kind == Source::channel) {
         for (const verbs::CqEvent& e : channel.get_events(cq_events)) {
           Peer& p = *static_cast<Peer*>(e.context);
@@ -189,6 +196,8 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
       }
     }
     const auto now = Clock::now();
+    int closed = 0;
+    more_to_close = false;
     for (auto it = peers.begin(); it != peers.end();) {
       Peer& p = **it;
       if (p.over.empty() && p.pending && now >= p.pending->deadline()) p.on_cm();  // fails it
@@ -200,6 +209,12 @@ void serve(const example::Args& args, std::uint64_t expected, std::chrono::secon
         ++it;
         continue;
       }
+      if (closed == kPerRound) {  // the next round closes it
+        more_to_close = true;
+        ++it;
+        continue;
+      }
+      ++closed;
       if (p.over == "gone") ++gone;
       std::printf("%s: %s: %llu echoes; %s\n", kName, p.conn ? p.conn->peer_address().c_str() : "a client",
                   static_cast<unsigned long long>(p.echoed), p.over.c_str());
