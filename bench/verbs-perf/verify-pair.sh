@@ -5,7 +5,9 @@
 # Exit 77 (skipped) without a device. Usage: verify-pair.sh PATH/TO/verbs-perf [--sanitized]
 # --sanitized (a sanitizer build, whose processes take ~1 s each to start in the VM): one pair for
 # each code path, not each variant (15 pairs instead of 25: every verb, option and post path,
-# rdma_cm, and a spoiled message for each verb still run; what is left out differs only in sizes).
+# rdma_cm, and a spoiled message for each verb still run; each pair left out is another size, or
+# a verb with an option or post path that other pairs run: send with a plain post list, read on
+# 2 QPs, atomics polled).
 # Under scripts/rxe-pair (VERBS_PAIR_DIR, VERBS_PEER_ADDR) each server runs on the other host.
 set -u
 perf=$1
