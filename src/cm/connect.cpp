@@ -63,9 +63,11 @@ struct PendingConnect::Impl {
   SourceLocation where;
   std::exception_ptr failed;
 
-  /// A connect to `dst` (the caller parsed or looked it up), its address resolution sent.
+  /// A connect to `dst` (the caller parsed or looked it up), its address resolution sent. One
+  /// that `sleeps` (connect()) makes the eventfd it sleeps on first: a connect that lacks a
+  /// descriptor fails before it sends anything, never after its request went out.
   static PendingConnect begin(const sockaddr_storage& dst, std::string_view host, std::uint16_t port,
-                              const ClientOptions& options, SourceLocation where) {
+                              const ClientOptions& options, bool sleeps, SourceLocation where) {
     auto p = std::make_unique<Impl>();
     ClientOptions& o = p->o = options;
     p->user_data.assign(o.connection.private_data.begin(), o.connection.private_data.end());
@@ -77,6 +79,7 @@ struct PendingConnect::Impl {
     if (!o.source_address.empty()) src = numeric_address(o.source_address, 0, Phase::resolve_address, where);
     Connection::Impl& c = *(p->c = std::make_unique<Connection::Impl>());
     c.router = ChannelAccess::router_or_own(o.connection.channel, Phase::resolve_address, "ConnectionOptions::channel", where);
+    if (sleeps) (void)c.inbox.arm(*c.router, Phase::resolve_address, where);
     c.id = c.router->make_id(RDMA_PS_TCP, Phase::resolve_address, where);
     c.join(ChannelAccess::key_of(o.connection.channel));
     o.connection.channel.reset();  // read here only: the caller's may go
@@ -160,12 +163,14 @@ std::chrono::steady_clock::time_point PendingConnect::deadline() const noexcept 
 Phase PendingConnect::phase() const noexcept { return impl_ ? impl_->res.phase : Phase::connect; }
 
 PendingConnect start_connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
-  return PendingConnect::Impl::begin(numeric_address(host, port, Phase::resolve_address, where), host, port, o, where);
+  return PendingConnect::Impl::begin(numeric_address(host, port, Phase::resolve_address, where), host, port, o, false,
+                                     where);
 }
 
 Connection connect(std::string_view host, std::uint16_t port, const ClientOptions& o, SourceLocation where) {
   PendingConnect pending =
-      PendingConnect::Impl::begin(looked_up_address(host, port, Phase::resolve_address, where), host, port, o, where);
+      PendingConnect::Impl::begin(looked_up_address(host, port, Phase::resolve_address, where), host, port, o, true,
+                                  where);
   for (;;) {
     if (auto c = pending.step()) return std::move(*c);
     pending.impl_->c->inbox.sleep(*pending.impl_->c->router, pending.deadline(), pending.phase(), where);

@@ -106,8 +106,12 @@ struct Listener::Impl {
   }
 
   /// Answers `req` (build, before_handshake, RTS, rdma_accept) and returns its handshake. A
-  /// failure rejects the request and throws (IdGone when the request's client has gone).
-  PendingAccept answer(Event& req, const ConnectionOptions& options, SourceLocation where);
+  /// failure rejects the request and throws (IdGone when the request's client has gone). A
+  /// handshake that `sleeps` (accept()) has the eventfds it sleeps on made first: an accept that
+  /// lacks a descriptor rejects, never after its answer went out.
+  PendingAccept answer(Event& req, const ConnectionOptions& options, bool sleeps, SourceLocation where);
+  /// start_accept(), for a caller that `sleeps` or not.
+  std::optional<PendingAccept> start(const ConnectionOptions& o, bool sleeps, SourceLocation where);
   /// A listener on an EventChannel accepts onto that channel only (its requests' ids are on it).
   void check_channel(const ConnectionOptions& o, SourceLocation where) const;
   /// Whether a request (or another event) waits for the listener.
@@ -136,7 +140,7 @@ void Listener::Impl::check_channel(const ConnectionOptions& o, SourceLocation wh
        where);
 }
 
-PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& options, SourceLocation where) {
+PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& options, bool sleeps, SourceLocation where) {
   std::optional<ConnectionOptions> o;  // as given, but for what before_handshake exposes
   std::unique_ptr<PendingAccept::Impl> pending;
   std::unique_ptr<Connection::Impl> c;
@@ -152,6 +156,10 @@ PendingAccept Listener::Impl::answer(Event& req, const ConnectionOptions& option
     pending->where = where;
     c->router = router->onto(ChannelAccess::router_of(o->channel, Phase::accept, "ConnectionOptions::channel", where),
                              Phase::accept, where);
+    if (sleeps) {  // on the listener's inbox and the handshake's
+      (void)inbox.arm(*router, Phase::accept, where);
+      (void)c->inbox.arm(*c->router, Phase::accept, where);
+    }
   } catch (...) {
     router->refuse_request(req.id);
     throw;
@@ -224,17 +232,21 @@ Device Listener::device(SourceLocation where) const {
   return device_of(impl_->id->verbs, Phase::listen, where);
 }
 
-std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
+std::optional<PendingAccept> Listener::Impl::start(const ConnectionOptions& o, bool sleeps, SourceLocation where) {
   (void)frame(o, max_accept_private_data, Phase::accept, where);
   check_options(o, Phase::accept, where);
-  impl_->check_channel(o, where);
+  check_channel(o, where);
   for (;;) {
-    std::optional<Event> req = impl_->inbox.next(*impl_->router, Phase::accept, where);  // never waits
+    std::optional<Event> req = inbox.next(*router, Phase::accept, where);  // never waits
     if (!req) return std::nullopt;
     if (req->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       fail(ENODEV, Phase::accept, "the listener's RDMA device was removed (DEVICE_REMOVAL): listen again", where);
-    if (req->type == RDMA_CM_EVENT_CONNECT_REQUEST) return impl_->answer(*req, o, where);
+    if (req->type == RDMA_CM_EVENT_CONNECT_REQUEST) return answer(*req, o, sleeps, where);
   }
+}
+
+std::optional<PendingAccept> Listener::start_accept(const ConnectionOptions& o, SourceLocation where) {
+  return impl_->start(o, false, where);
 }
 
 // One request per call, answered with this call's options (what they hold, e.g. buffers the
@@ -250,7 +262,7 @@ Connection Listener::accept(milliseconds timeout, const ConnectionOptions& o, So
   for (;;) {
     std::optional<PendingAccept> pending;
     try {
-      pending = start_accept(o, where);
+      pending = l.start(o, true, where);
     } catch (const IdGone&) {
       continue;  // its client gave up: the next request
     }

@@ -123,8 +123,9 @@ class Router : public std::enable_shared_from_this<Router> {
 };
 
 /// The events a Router's readers handed to one owner that reads them later (a handshake in
-/// progress, a listener), under the Router's mutex. `fd` is made by an owner about to sleep,
-/// since another thread may read its event off the channel; keep() writes it.
+/// progress, a listener), under the Router's mutex. `fd` is made by an owner that will sleep
+/// (a blocking connect or accept: before it sends anything to the peer), since another thread
+/// may read its event off the channel; keep() writes it.
 struct Inbox {
   std::vector<Event> events;
   bool lost = false;  // one could not be kept (no memory)
