@@ -73,7 +73,7 @@ class DescriptorsLeft {
     low.rlim_cur = static_cast<rlim_t>(highest) + 1 + static_cast<rlim_t>(left);
     if (::setrlimit(RLIMIT_NOFILE, &low) != 0) throw std::system_error(errno, std::generic_category(), "setrlimit");
     for (int fd; (fd = ::dup(0)) >= 0;) fillers_.push_back(fd);
-    for (int i = 0; i < left; ++i) {
+    for (int i = 0; i < left && !fillers_.empty(); ++i) {
       ::close(fillers_.back());
       fillers_.pop_back();
     }
