@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
+#include <new>
 #include <random>
 #include <utility>
 
@@ -118,6 +120,17 @@ struct Group::Impl {
     keys.reserve(slots.size() + 8);
   }
 
+  // The text of a failure, made by `make`; empty when it cannot be made (no memory left): what
+  // the failure accounts for (a chunk, a transfer, a rail) must happen all the same.
+  template <typename Make>
+  static std::string say(Make&& make) noexcept {
+    try {
+      return make();
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+
   [[nodiscard]] std::string rail_name(std::size_t r) const {
     return "rail " + std::to_string(r) + " (" + options.rails[r].local_address + " -> " + options.rails[r].remote_address + ")";
   }
@@ -148,23 +161,26 @@ struct Group::Impl {
     for (std::size_t i = r * qps; i < (r + 1) * qps; ++i) {
       Slot& s = slots[i];
       Dev& d = devs[s.dev];
-      cm::ClientOptions co;
-      co.timeout = options.connect_timeout;
-      co.resolve_timeout = std::min(options.connect_timeout, milliseconds(2000));
-      co.source_address = options.rails[r].local_address;
-      co.connection.qp.max_send_wr = static_cast<std::uint32_t>(options.max_in_flight);
-      co.connection.qp.max_recv_wr = 1;
-      co.connection.transport = options.transport;
-      co.connection.pd = &d.pd;
-      co.connection.send_cq = &d.cq;
-      co.connection.recv_cq = &d.cq;
-      co.connection.channel = channel.key(i);
-      const auto hello = internal::encode({group_id, static_cast<std::uint16_t>(i)});
-      co.connection.private_data = hello;
       try {
+        cm::ClientOptions co;
+        co.timeout = options.connect_timeout;
+        co.resolve_timeout = std::min(options.connect_timeout, milliseconds(2000));
+        co.source_address = options.rails[r].local_address;
+        co.connection.qp.max_send_wr = static_cast<std::uint32_t>(options.max_in_flight);
+        co.connection.qp.max_recv_wr = 1;
+        co.connection.transport = options.transport;
+        co.connection.pd = &d.pd;
+        co.connection.send_cq = &d.cq;
+        co.connection.recv_cq = &d.cq;
+        co.connection.channel = channel.key(i);
+        const auto hello = internal::encode({group_id, static_cast<std::uint16_t>(i)});
+        co.connection.private_data = hello;
         s.pending = cm::start_connect(options.rails[r].remote_address, options.port, co, where);
       } catch (const cm::ConnectError& e) {
-        rail_failed(r, e.code(), e.what());
+        rail_failed(r, e.code(), say([&] { return std::string(e.what()); }));
+        return;
+      } catch (const std::bad_alloc&) {  // its QPs connect again after the backoff, as after a failure
+        rail_failed(r, std::make_error_code(std::errc::not_enough_memory), {});
         return;
       }
     }
@@ -176,14 +192,16 @@ struct Group::Impl {
     const auto& remote = c.peer_remote();
     if (!remote) {
       s.conn = std::move(c);
-      rail_failed(s.rail, std::make_error_code(std::errc::protocol_error), "the target exposed no buffer on " + rail_name(s.rail));
+      rail_failed(s.rail, std::make_error_code(std::errc::protocol_error),
+                  say([&] { return "the target exposed no buffer on " + rail_name(s.rail); }));
       return;
     }
     if (remote_size && *remote_size != remote->length) {
       s.conn = std::move(c);
-      rail_failed(s.rail, std::make_error_code(std::errc::protocol_error),
-                  "the target exposed " + std::to_string(remote->length) + " bytes on " + rail_name(s.rail) + ", " +
-                      std::to_string(*remote_size) + " on the others");
+      rail_failed(s.rail, std::make_error_code(std::errc::protocol_error), say([&] {
+                    return "the target exposed " + std::to_string(remote->length) + " bytes on " + rail_name(s.rail) +
+                           ", " + std::to_string(*remote_size) + " on the others";
+                  }));
       return;
     }
     remote_size = remote->length;
@@ -209,17 +227,23 @@ struct Group::Impl {
   // ---- failing --------------------------------------------------------------------------------
 
   // Takes rail `r` out: its QPs to ERR (what they had posted flushes back to the retry ring),
-  // a reconnection after the backoff; every transfer fails when no rail is left.
-  void rail_failed(std::size_t r, std::error_code ec, std::string why, bool request_fault = false) {
+  // a reconnection after the backoff; every transfer fails when no rail is left. Allocates
+  // nothing but its event (lost when memory is; the rail's state and counters still say it).
+  void rail_failed(std::size_t r, std::error_code ec, std::string why, bool request_fault = false) noexcept {
     RailRec& rail = rails[r];
     if (rail.state == RailState::down) return;
     rail.request_fault = request_fault;
     const bool was_up = rail.state == RailState::up;
     rail.state = RailState::down;
     rail.error = ec;
-    rail.why = why;
     if (was_up) ++rail.counters.failures;
-    if (was_up || !rail.was_down) events.push_back({r, false, ec, why});
+    if (was_up || !rail.was_down) {
+      try {
+        events.push_back({r, false, ec, why});
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    rail.why = std::move(why);
     rail.was_down = true;
     const std::size_t qps = static_cast<std::size_t>(options.qps_per_rail);
     for (std::size_t i = r * qps; i < (r + 1) * qps; ++i) {
@@ -228,7 +252,7 @@ struct Group::Impl {
       if (s.conn) {
         try {
           s.conn->disconnect();
-        } catch (const cm::ConnectError&) {
+        } catch (const std::exception&) {  // ConnectError, or no memory to make one
           // Its QP could not be told: it is destroyed below once nothing is in flight.
         }
         if (s.in_flight == 0) s.conn.reset();
@@ -238,7 +262,8 @@ struct Group::Impl {
     const auto extra = spread > 0 ? std::uniform_int_distribution<milliseconds::rep>(0, spread)(jitter) : 0;
     rail.retry_at = clock::now() + rail.backoff + milliseconds(extra);
     rail.backoff = std::min(rail.backoff * 2, options.reconnect_max);
-    if (every_rail_gone()) schedule.fail_all(std::make_error_code(std::errc::network_down), every_rail_down());
+    if (every_rail_gone())
+      schedule.fail_all(std::make_error_code(std::errc::network_down), say([&] { return every_rail_down(); }));
   }
 
   [[nodiscard]] std::string every_rail_down() const {
@@ -268,7 +293,7 @@ struct Group::Impl {
     }
   }
 
-  void post(Slot& s, const internal::ChunkPost& c) {
+  void post(Slot& s, const internal::ChunkPost& c) noexcept {
     const MemoryRegion& mr = static_cast<const Region::State*>(c.local)->regions[s.dev];
     const LocalSlice local(reinterpret_cast<std::uint64_t>(mr.data()) + c.local_offset, c.length, mr.lkey());  // NOLINT
     const RemoteSlice remote{s.remote.addr + c.remote_offset, c.length, s.remote.rkey};
@@ -281,7 +306,8 @@ struct Group::Impl {
     }
     schedule.completed(c.wr_id, false);
     ++rails[s.rail].counters.chunks_failed;
-    rail_failed(s.rail, res.error(), "posting a chunk on " + rail_name(s.rail) + " failed: " + res.error().message());
+    rail_failed(s.rail, res.error(),
+                say([&] { return "posting a chunk on " + rail_name(s.rail) + " failed: " + res.error().message(); }));
   }
 
   Slot* slot_of(Dev& d, std::uint32_t qp_num) noexcept {
@@ -330,18 +356,21 @@ struct Group::Impl {
     }
   }
 
-  void on_completion(Dev& d, const verbs::Completion& wc) {
+  // Allocates nothing but the texts of a failure (say()): a completion is never half handled.
+  void on_completion(Dev& d, const verbs::Completion& wc) noexcept {
     Slot* s = slot_of(d, wc.qp_num());
     if (s == nullptr) return;  // cannot happen: a QP is destroyed only once nothing is in flight
     --s->in_flight;
     if (!wc.ok() && request_error(wc.status()))
-      schedule.fail(static_cast<std::uint32_t>(wc.wr_id() >> internal::Schedule::chunk_bits), wc.error_code(),
-                    "a chunk was refused on " + rail_name(s->rail) + ": " + wc.error_code().message() +
-                        " (the request itself: the target's access or address, or this side's memory)");
+      schedule.fail(static_cast<std::uint32_t>(wc.wr_id() >> internal::Schedule::chunk_bits), wc.error_code(), say([&] {
+                      return "a chunk was refused on " + rail_name(s->rail) + ": " + wc.error_code().message() +
+                             " (the request itself: the target's access or address, or this side's memory)";
+                    }));
     schedule.completed(wc.wr_id(), wc.ok());
     ++(wc.ok() ? rails[s->rail].counters.chunks : rails[s->rail].counters.chunks_failed);
     if (!wc.ok() && rails[s->rail].state != RailState::down)
-      rail_failed(s->rail, wc.error_code(), "a chunk failed on " + rail_name(s->rail) + ": " + wc.error_code().message(),
+      rail_failed(s->rail, wc.error_code(),
+                  say([&] { return "a chunk failed on " + rail_name(s->rail) + ": " + wc.error_code().message(); }),
                   request_error(wc.status()));
     if (s->in_flight == 0 && rails[s->rail].state == RailState::down) s->conn.reset();
   }
@@ -354,7 +383,8 @@ struct Group::Impl {
       std::error_code ec;
       std::optional<cm::Connection> c = s.pending->step(ec);
       if (c) on_connected(i, std::move(*c));
-      else if (ec) rail_failed(s.rail, ec, "connecting " + rail_name(s.rail) + " failed: " + ec.message());
+      else if (ec)
+        rail_failed(s.rail, ec, say([&] { return "connecting " + rail_name(s.rail) + " failed: " + ec.message(); }));
       return;
     }
     if (!s.conn || rails[s.rail].state == RailState::down) return;
@@ -363,11 +393,13 @@ struct Group::Impl {
     try {
       live = s.conn->poll_events(where);
     } catch (const cm::ConnectError& e) {
-      why = e.what();
+      why = say([&] { return std::string(e.what()); });
     }
-    if (!live)
-      rail_failed(s.rail, std::make_error_code(std::errc::connection_reset),
-                  why.empty() ? "the connection of " + rail_name(s.rail) + " ended (the target disconnected, or a fatal event)" : why);
+    if (!live && why.empty())
+      why = say([&] {
+        return "the connection of " + rail_name(s.rail) + " ended (the target disconnected, or a fatal event)";
+      });
+    if (!live) rail_failed(s.rail, std::make_error_code(std::errc::connection_reset), std::move(why));
   }
 
   void progress(SourceLocation where) {
@@ -484,7 +516,8 @@ struct Group::Impl {
                           where);
     ++next_id;
     regions_in_use[*t] = local.state_;  // the registrations outlive the Region object if need be
-    if (every_rail_gone()) schedule.fail(*t, std::make_error_code(std::errc::network_down), every_rail_down());
+    if (every_rail_gone())
+      schedule.fail(*t, std::make_error_code(std::errc::network_down), say([&] { return every_rail_down(); }));
     post_all();
     collect_finished();
     arm_timer();

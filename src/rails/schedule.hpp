@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -94,7 +95,7 @@ class Schedule {
 
   /// A chunk's completion: `ok` counts it done, otherwise it goes back to be posted again
   /// (unless its transfer failed meanwhile). A chunk the post itself refused counts as not ok.
-  void completed(std::uint64_t wr_id, bool ok) {
+  void completed(std::uint64_t wr_id, bool ok) noexcept {
     const std::uint32_t t = static_cast<std::uint32_t>(wr_id >> chunk_bits);
     Transfer& x = table_[t];
     --x.in_flight;
@@ -104,13 +105,14 @@ class Schedule {
   }
 
   /// Every transfer not finished fails with `error` and `why` (every rail is gone): nothing more
-  /// of it is posted, and it is finished once nothing of it is in flight.
-  void fail_all(std::error_code error, const std::string& why) {
+  /// of it is posted, and it is finished once nothing of it is in flight. A `why` that cannot be
+  /// copied (no memory left) is left out; the failure is not.
+  void fail_all(std::error_code error, const std::string& why) noexcept {
     for (std::uint32_t t = 0; t < table_.size(); ++t) mark_failed(t, error, why);
     dequeue_failed();
   }
   /// Transfer `t` (what start() returned) fails the same way.
-  void fail(std::uint32_t t, std::error_code error, const std::string& why) {
+  void fail(std::uint32_t t, std::error_code error, const std::string& why) noexcept {
     mark_failed(t, error, why);
     dequeue_failed();
   }
@@ -173,7 +175,7 @@ class Schedule {
     }
     [[nodiscard]] const T& front() const noexcept { return items_[head_]; }
     template <typename Pred>
-    void remove_if(Pred drop) {
+    void remove_if(Pred drop) noexcept {
       const std::uint32_t n = count_;
       count_ = 0;
       for (std::uint32_t i = 0; i < n; ++i) {
@@ -195,18 +197,22 @@ class Schedule {
     const std::uint64_t len = x.length - at < chunk_size_ ? x.length - at : chunk_size_;
     return ChunkPost{wr, x.op, x.local, x.local_offset + at, x.remote_offset + at, static_cast<std::uint32_t>(len)};
   }
-  void mark_failed(std::uint32_t t, std::error_code error, const std::string& why) {
+  void mark_failed(std::uint32_t t, std::error_code error, const std::string& why) noexcept {
     Transfer& x = table_[t];
     if (!x.busy || x.finished || x.failed) return;
     x.failed = true;
     x.error = error;
-    x.why = why;
+    try {
+      x.why = why;
+    } catch (const std::bad_alloc&) {
+      x.why.clear();
+    }
     maybe_finish(t);
   }
   // Out of the queue of transfers to post, so that a freed entry is never queued twice, and its
   // chunks out of the retry ring, so that none comes out later as the chunk of the next
   // transfer in its entry.
-  void dequeue_failed() {
+  void dequeue_failed() noexcept {
     unposted_.remove_if([this](std::uint32_t t) { return table_[t].failed; });
     retry_.remove_if([this](std::uint64_t wr) { return table_[wr >> chunk_bits].failed; });
   }
