@@ -1,30 +1,8 @@
 // The data path (post and poll) must not allocate or throw. The throwing side is a compile-time
 // property (noexcept); allocation is counted at run time by replacing the global operator new,
-// which every C++ allocation in the library would go through.
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+// which every C++ allocation in the library would go through (replaced_new.cpp).
 #include "fixture.hpp"
-
-// The replacement below pairs malloc with free; GCC cannot see that and warns where gtest's
-// inline code deletes what it newed.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "replaced_new.hpp"
 
 namespace verbs::test {
 namespace {
@@ -57,8 +35,8 @@ TEST_F(DataPath, PostAndPollDoNotAllocate) {
   constexpr int rounds = 50;
   int completions = 0;
   std::error_code ec;
-  g_allocations = 0;
-  g_counting = true;
+  replaced_new::count = 0;
+  replaced_new::counting = true;
   for (int i = 0; i < rounds; ++i) {
     const bool posted = qps.a.post_write(from, to, {.wr_id = static_cast<std::uint64_t>(i)}).ok() &&
                         qps.a.post(chain).ok() && qps.b.post_recv(dst.slice(64, 64), 1).ok();
@@ -71,10 +49,10 @@ TEST_F(DataPath, PostAndPollDoNotAllocate) {
       want -= static_cast<int>(got.size());
     }
   }
-  g_counting = false;
+  replaced_new::counting = false;
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_EQ(completions, 2 * rounds);
-  EXPECT_EQ(g_allocations.load(), 0) << "operator new called on the data path";
+  EXPECT_EQ(replaced_new::count.load(), 0) << "operator new called on the data path";
 }
 
 }  // namespace

@@ -1,38 +1,18 @@
 // verbs::rails when memory runs out: what a completion accounts for (its chunk, its transfer, its
-// rail) must not hang on the allocation of the text that says why it failed. This file replaces
-// the global operator new so that a test can make every allocation of its own thread fail;
-// ThreadSanitizer's runtime defines operator new itself, so a TSan build leaves the file out
-// (tests/CMakeLists.txt), as it does data_path_test.cpp.
+// rail) must not hang on the allocation of the text that says why it failed. Its tests make
+// every allocation of their thread fail (replaced_new.hpp), so a ThreadSanitizer build leaves
+// the file out (tests/CMakeLists.txt), as it does data_path_test.cpp.
 #include <chrono>
-#include <cstdlib>
 #include <new>
 #include <thread>
 
 #include "rails_fixture.hpp"
-
-namespace {
-thread_local bool t_fail_allocations = false;
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (t_fail_allocations) throw std::bad_alloc();
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "replaced_new.hpp"
 
 namespace verbs::test {
 namespace {
 
-// While one lives, every operator new of this thread throws std::bad_alloc.
-class NoMemory {
- public:
-  NoMemory() noexcept { t_fail_allocations = true; }
-  NoMemory(const NoMemory&) = delete;
-  NoMemory& operator=(const NoMemory&) = delete;
-  ~NoMemory() { t_fail_allocations = false; }
-};
+using replaced_new::NoMemory;
 
 class RailsAllocation : public CmFixture {};
 
