@@ -16,9 +16,9 @@ foreach(case IN LISTS verbs_example_cases)
     # CQ and a region made under ASan in TCG (about 40 ms of CPU each, the rest of a 300-500 ms
     # round spent waiting for the guest's CPUs), and on a slow machine ASan's echo_epoll took
     # 2413 ms and, in CI, 3729 ms. Traced in the VM (a 3 s round, its kernel stacks sampled):
-    # the loop waited in the kernel for rdma_cm's and rxe's workers (cm_destroy_id) and for its
-    # mm lock in page faults, on two busy vCPUs; never on the network. 6 s stays below what a
-    # loop blocked on a client would wait: the handshake's 10 s, the silent client's 12 s.
+    # the loop waited in the kernel for the connection manager's own work (cm_destroy_id) and
+    # for its mm lock in page faults, on two busy vCPUs; never on the network. 6 s stays below
+    # what a loop blocked on a client would wait: the handshake's 10 s, the silent client's 12 s.
     set_tests_properties(example.${case} PROPERTIES ENVIRONMENT "VERBS_TEST_TIMEOUT_SCALE=2;VERBS_EXAMPLE_ROUND_BOUND_MS=6000")
   endif()
 endforeach()
