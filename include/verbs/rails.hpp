@@ -212,8 +212,9 @@ class Group {
 
   /// Does what has come, without blocking: polls the CQs, posts chunks into the room that freed,
   /// takes failed rails out, steps reconnections. Throws cm::ConnectError when rdma_cm itself
-  /// fails, and std::bad_alloc when memory runs out; either way every completion it took from a
-  /// CQ was counted (a failure's text may be left out): call it again.
+  /// fails, Error when a CQ or a device's async events cannot be read, and std::bad_alloc when
+  /// memory runs out; every completion it took from a CQ was counted all the same (when memory
+  /// is short, a failure's text or a RailEvent may be left out): call it again.
   void progress(SourceLocation where = SourceLocation::current());
   /// progress(), then the transfers finished since, oldest first, into `out` (the filled part).
   std::span<Completion> poll(std::span<Completion> out, SourceLocation where = SourceLocation::current());

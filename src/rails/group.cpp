@@ -180,7 +180,7 @@ struct Group::Impl {
         rail_failed(r, e.code(), say([&] { return std::string(e.what()); }));
         return;
       } catch (const std::bad_alloc&) {  // its QPs connect again after the backoff, as after a failure
-        rail_failed(r, std::make_error_code(std::errc::not_enough_memory), {});
+        rail_failed(r, std::make_error_code(std::errc::not_enough_memory), say([] { return std::string("out of memory"); }));
         return;
       }
     }
@@ -219,7 +219,10 @@ struct Group::Impl {
     rail.backoff = options.reconnect_interval;
     if (rail.was_down) {
       ++rail.counters.reconnects;
-      events.push_back({s.rail, true, {}, {}});
+      try {
+        events.push_back({s.rail, true, {}, {}});
+      } catch (const std::bad_alloc&) {  // lost: the rail's state and counters still say it
+      }
     }
     rail.was_down = false;
   }
@@ -227,8 +230,9 @@ struct Group::Impl {
   // ---- failing --------------------------------------------------------------------------------
 
   // Takes rail `r` out: its QPs to ERR (what they had posted flushes back to the retry ring),
-  // a reconnection after the backoff; every transfer fails when no rail is left. Allocates
-  // nothing but its event (lost when memory is; the rail's state and counters still say it).
+  // a reconnection after the backoff; every transfer fails when no rail is left. What it
+  // allocates (its event, the text of every rail gone, its copies) is left out when memory is
+  // short: the state changes all the same.
   void rail_failed(std::size_t r, std::error_code ec, std::string why, bool request_fault = false) noexcept {
     RailRec& rail = rails[r];
     if (rail.state == RailState::down) return;
@@ -389,17 +393,22 @@ struct Group::Impl {
     }
     if (!s.conn || rails[s.rail].state == RailState::down) return;
     bool live = false;
+    std::error_code ec = std::make_error_code(std::errc::connection_reset);
     std::string why;
     try {
       live = s.conn->poll_events(where);
     } catch (const cm::ConnectError& e) {
       why = say([&] { return std::string(e.what()); });
+    } catch (const std::bad_alloc&) {  // what the events said is not known: the rail connects again
+      ec = std::make_error_code(std::errc::not_enough_memory);
+      why = say([] { return std::string("out of memory"); });
     }
-    if (!live && why.empty())
+    if (live) return;
+    if (why.empty())
       why = say([&] {
         return "the connection of " + rail_name(s.rail) + " ended (the target disconnected, or a fatal event)";
       });
-    if (!live) rail_failed(s.rail, std::make_error_code(std::errc::connection_reset), std::move(why));
+    rail_failed(s.rail, ec, std::move(why));
   }
 
   void progress(SourceLocation where) {
