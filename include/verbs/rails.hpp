@@ -92,7 +92,7 @@ class Region {
 struct Completion {
   std::uint64_t id = 0;      ///< what write() or read() returned
   std::error_code error;     ///< empty when every byte arrived
-  std::string what;          ///< why it failed, in words; empty on success
+  std::string what;          ///< why it failed, in words; empty on success (or when no memory was left to say it)
   /// True when every byte arrived.
   [[nodiscard]] bool ok() const noexcept { return !error; }
 };
@@ -229,7 +229,8 @@ class Group {
   /// reconnect_interval. For draining a NIC by hand (and for tests). Nothing if it is down.
   /// Throws Error(Errc::bad_argument) for a rail that does not exist.
   void take_down(std::size_t i, SourceLocation where = SourceLocation::current());
-  /// The rail events since the last call, oldest first (valid until the next call).
+  /// The rail events since the last call, oldest first (valid until the next call). One that
+  /// came while memory ran out may be missing: rail_state() says where a rail stands.
   std::span<const RailEvent> poll_rail_events() noexcept;
 
   /// Readable when progress() has something to do (an epoll set over the CQs' channels, the
